@@ -1,0 +1,1 @@
+"""Fatura: durable acceptance, LLM extraction and signed delivery of invoice documents."""
