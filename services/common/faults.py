@@ -1,0 +1,34 @@
+"""Fault points: ``FATURA_FAULTS=name,...`` kills this process at a named protocol boundary.
+
+Tests and the chaos suite use these to crash a process at the exact moment the design worries
+about (for example between a publish confirm and the ``published_at`` update).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+from services.common.settings import SettingsError
+
+log = logging.getLogger(__name__)
+
+CRASH_AFTER_PUBLISH_CONFIRM = "crash_after_publish_confirm"
+
+KNOWN_FAULTS = frozenset({CRASH_AFTER_PUBLISH_CONFIRM})
+
+
+def check(faults: frozenset[str]) -> None:
+    """Reject unknown fault names at start-up, so a typo does not silently test nothing."""
+    unknown = faults - KNOWN_FAULTS
+    if unknown:
+        raise SettingsError(f"FATURA_FAULTS names unknown fault points: {sorted(unknown)}")
+
+
+def point(faults: frozenset[str], name: str) -> None:
+    """Die here, as abruptly as SIGKILL, when ``name`` is among the configured faults."""
+    if name in faults:
+        log.warning("fault point %s reached: killing process %d", name, os.getpid())
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,139 @@
+"""The unit of work: a row change, its job event and its outbox event commit together or not at all.
+
+A caller opens one, changes its row through ``execute``, calls ``record`` once per state change,
+and leaves; the transaction commits on a clean exit and rolls back on an exception. No network
+call other than to PostgreSQL happens inside. After the commit the relay is woken with a NOTIFY
+sent outside the transaction (a NOTIFY inside it serializes every writer's commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection, AsyncCursor, Connection, Cursor
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+
+from services.common.ids import new_id
+from services.common.queries import load_queries
+
+Q = load_queries(Path(__file__).with_name("sql") / "uow.sql")
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class JobChange:
+    """One state change of one job, as the event log and the outbox record it."""
+
+    tenant_id: uuid.UUID
+    job_id: uuid.UUID
+    state: str
+    state_version: int
+    event_type: str
+    detail: Mapping[str, Any] | None = None
+    event_id: uuid.UUID = field(default_factory=new_id)
+
+    def params(self) -> dict[str, Any]:
+        payload = {
+            "event_id": str(self.event_id),
+            "event_type": self.event_type,
+            "tenant_id": str(self.tenant_id),
+            "job_id": str(self.job_id),
+            "state": self.state,
+            "state_version": self.state_version,
+        }
+        return {
+            "event_id": self.event_id,
+            "tenant_id": self.tenant_id,
+            "job_id": self.job_id,
+            "state": self.state,
+            "state_version": self.state_version,
+            "detail": Jsonb(dict(self.detail)) if self.detail is not None else None,
+            "event_type": self.event_type,
+            "payload": Jsonb(payload),
+        }
+
+
+class UnitOfWork:
+    """Blocking unit of work on one connection inside one transaction."""
+
+    def __init__(self, conn: Connection[Row]) -> None:
+        self.conn = conn
+        self.recorded: list[JobChange] = []
+
+    def execute(self, query: str, params: Mapping[str, Any] | None = None) -> Cursor[Row]:
+        return self.conn.execute(query, params)
+
+    def record(self, change: JobChange) -> uuid.UUID:
+        self.conn.execute(Q["record_change"], change.params())
+        self.recorded.append(change)
+        return change.event_id
+
+
+@contextmanager
+def unit_of_work(pool: ConnectionPool[Any]) -> Iterator[UnitOfWork]:
+    with pool.connection() as conn:
+        uow = UnitOfWork(conn)
+        with conn.transaction():
+            yield uow
+        if uow.recorded:
+            with conn.transaction():
+                conn.execute(Q["notify_outbox"])
+
+
+class AsyncUnitOfWork:
+    """The asyncio twin of :class:`UnitOfWork`, for the HTTP edge."""
+
+    def __init__(self, conn: AsyncConnection[Row]) -> None:
+        self.conn = conn
+        self.recorded: list[JobChange] = []
+
+    async def execute(self, query: str, params: Mapping[str, Any] | None = None) -> AsyncCursor[Row]:
+        return await self.conn.execute(query, params)
+
+    async def record(self, change: JobChange) -> uuid.UUID:
+        await self.conn.execute(Q["record_change"], change.params())
+        self.recorded.append(change)
+        return change.event_id
+
+
+class OutboxNotifier:
+    """Coalesces relay wake-ups: many commits within ``window`` seconds send one NOTIFY."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any], window: float = 0.005) -> None:
+        self._pool = pool
+        self._window = window
+        self._pending: asyncio.Task[None] | None = None
+
+    def poke(self) -> None:
+        if self._pending is None or self._pending.done():
+            self._pending = asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        await asyncio.sleep(self._window)
+        # The relay's periodic sweep covers a lost wake-up, so failure here is only latency.
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute(Q["notify_outbox"])
+        except (psycopg.Error, PoolTimeout):
+            return
+
+
+@asynccontextmanager
+async def async_unit_of_work(
+    pool: AsyncConnectionPool[Any], notifier: OutboxNotifier | None = None
+) -> AsyncIterator[AsyncUnitOfWork]:
+    async with pool.connection() as conn:
+        uow = AsyncUnitOfWork(conn)
+        async with conn.transaction():
+            yield uow
+    if uow.recorded and notifier is not None:
+        notifier.poke()
