@@ -1,0 +1,1 @@
+"""Acceptance: the HTTP edge that accepts work durably, and the outbox relay that hands it on."""

@@ -1,0 +1,123 @@
+"""Admission: may one more job enter? A pure decision over counters read in O(1) (DESIGN §5.2).
+
+Per tenant it checks pending jobs, pending bytes, pending estimated tokens and the day's token
+budget (429); for the whole system, the runnable backlog (503). An already accepted job is never
+affected: this runs only for new work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+
+@dataclass(frozen=True)
+class TenantLimits:
+    max_pending_jobs: int
+    max_pending_bytes: int
+    max_pending_tokens: int
+    daily_token_budget: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    pending_jobs: int
+    pending_bytes: int
+    pending_tokens: int
+    tokens_today: int
+    system_pending_jobs: int
+
+
+@dataclass(frozen=True)
+class JobCost:
+    bytes: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Rejection:
+    status: int  # 429 (tenant quota) or 503 (system backlog)
+    limit: str
+    current: int
+    maximum: int
+    retry_after_seconds: int
+    message: str
+
+
+def estimate_tokens(text_bytes: int, *, prompt_overhead: int, max_output: int) -> int:
+    """Token reservation for one job: a conservative input estimate plus the output cap.
+
+    About four bytes of UTF-8 text per token is the usual rule for Latin scripts; it errs high for
+    digits-heavy invoices, which is the safe side for a reservation.
+    """
+    return math.ceil(text_bytes / 4) + prompt_overhead + max_output
+
+
+def seconds_until_next_utc_day(now: datetime) -> int:
+    tomorrow = (now + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    return max(1, math.ceil((tomorrow - now).total_seconds()))
+
+
+def decide(
+    limits: TenantLimits,
+    usage: Usage,
+    cost: JobCost,
+    *,
+    max_system_backlog: int,
+    now: datetime,
+    quota_retry_after: int,
+    backlog_retry_after: int,
+) -> Rejection | None:
+    """None when the job may be accepted, else the first limit it would break."""
+    if usage.system_pending_jobs + 1 > max_system_backlog:
+        return Rejection(
+            503,
+            "system_backlog",
+            usage.system_pending_jobs,
+            max_system_backlog,
+            backlog_retry_after,
+            "The system's runnable backlog is at capacity; no new work is being accepted right now. "
+            f"Nothing was created. Retry after {backlog_retry_after} seconds.",
+        )
+    tenant_checks = (
+        ("pending_jobs", usage.pending_jobs, 1, limits.max_pending_jobs, "pending jobs"),
+        (
+            "pending_bytes",
+            usage.pending_bytes,
+            cost.bytes,
+            limits.max_pending_bytes,
+            "pending document bytes",
+        ),
+        (
+            "pending_tokens",
+            usage.pending_tokens,
+            cost.tokens,
+            limits.max_pending_tokens,
+            "pending estimated tokens",
+        ),
+    )
+    for limit, current, add, maximum, words in tenant_checks:
+        if current + add > maximum:
+            return Rejection(
+                429,
+                limit,
+                current,
+                maximum,
+                quota_retry_after,
+                f"Your {words} would exceed your limit ({current} + {add} > {maximum}). Nothing was "
+                f"created. Retry after {quota_retry_after} seconds, when earlier jobs have finished.",
+            )
+    if usage.tokens_today + cost.tokens > limits.daily_token_budget:
+        wait = seconds_until_next_utc_day(now)
+        return Rejection(
+            429,
+            "daily_token_budget",
+            usage.tokens_today,
+            limits.daily_token_budget,
+            wait,
+            f"Today's token budget would be exceeded ({usage.tokens_today} + {cost.tokens} > "
+            f"{limits.daily_token_budget}). Nothing was created. Retry after {wait} seconds, "
+            "when the budget resets at 00:00 UTC.",
+        )
+    return None

@@ -1,0 +1,82 @@
+"""Bearer API-key authentication with a short in-process cache (revocation takes effect within its TTL)."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from services.acceptance import apikeys
+from services.acceptance.admission import TenantLimits
+from services.acceptance.errors import Unauthorized
+from services.acceptance.queries import Q
+from services.acceptance.tenants import Tenant
+
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="fatura"'}
+_MAX_CACHED = 10_000
+
+
+def _unauthorized(message: str) -> Unauthorized:
+    return Unauthorized(message, headers=_CHALLENGE)
+
+
+def bearer_token(header: str | None) -> str:
+    if not header:
+        raise _unauthorized("missing API key: send 'Authorization: Bearer <api key>'")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise _unauthorized("the Authorization header must be 'Bearer <api key>'")
+    return token.strip()
+
+
+class Authenticator:
+    def __init__(self, pool: AsyncConnectionPool[Any], ttl_seconds: float) -> None:
+        self._pool = pool
+        self._ttl = ttl_seconds
+        self._cache: OrderedDict[bytes, tuple[float, Tenant | None]] = OrderedDict()
+
+    async def authenticate(self, authorization: str | None) -> Tenant:
+        token = bearer_token(authorization)
+        prefix = apikeys.parse(token)
+        if prefix is None:
+            raise _unauthorized("the API key is not valid")
+        cache_key = apikeys.digest(token)
+        now = time.monotonic()
+        cached = self._cache.get(cache_key)
+        if cached is not None and cached[0] > now:
+            tenant = cached[1]
+        else:
+            tenant = await self._lookup(prefix, token)
+            self._remember(cache_key, (now + self._ttl, tenant))
+        if tenant is None:
+            raise _unauthorized("the API key is not valid or has been revoked")
+        return tenant
+
+    def _remember(self, key: bytes, entry: tuple[float, Tenant | None]) -> None:
+        if self._ttl <= 0:
+            return
+        self._cache[key] = entry
+        self._cache.move_to_end(key)
+        while len(self._cache) > _MAX_CACHED:
+            self._cache.popitem(last=False)
+
+    async def _lookup(self, prefix: str, token: str) -> Tenant | None:
+        async with self._pool.connection() as conn:
+            row = await (await conn.execute(Q["authenticate"], {"prefix": prefix})).fetchone()
+        if row is None or row["revoked_at"] is not None or not apikeys.matches(token, row["secret_hash"]):
+            return None
+        return Tenant(
+            id=row["id"],
+            name=row["name"],
+            weight=row["weight"],
+            max_in_flight=row["max_in_flight"],
+            limits=TenantLimits(
+                max_pending_jobs=row["max_pending_jobs"],
+                max_pending_bytes=row["max_pending_bytes"],
+                max_pending_tokens=row["max_pending_tokens"],
+                daily_token_budget=row["daily_token_budget"],
+            ),
+            allowed_currencies=tuple(row["allowed_currencies"]),
+        )

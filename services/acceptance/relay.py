@@ -1,0 +1,194 @@
+"""The outbox relay (DESIGN §2 step 2): committed outbox rows → RabbitMQ, with publisher confirms.
+
+Loop: claim a bounded batch (SKIP LOCKED, with a claim timeout so a crashed relay's claims come
+back), publish each event to every queue that consumes it and wait for the broker's confirm, then
+set ``published_at``. A crash after a confirm and before that update publishes the event again;
+consumers dedup by event id, which is also the message id. No transaction is held open while
+publishing. NOTIFY wakes the relay at once; a periodic sweep covers a lost wake-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import dramatiq
+import psycopg
+from dramatiq.errors import ConnectionError as BrokerConnectionError
+from prometheus_client import Counter, Gauge
+from psycopg_pool import ConnectionPool
+
+from services.acceptance.settings import RelaySettings
+from services.common import faults
+from services.common.broker import QuorumRabbitmqBroker, make_broker
+from services.common.db import connect, sync_pool
+from services.common.events import ROUTES, queue_name
+from services.common.ops_server import start_ops_server
+from services.common.queries import load_queries
+
+log = logging.getLogger(__name__)
+Q = load_queries(Path(__file__).with_name("sql") / "relay.sql")
+
+OLDEST_AGE = Gauge(
+    "fatura_outbox_oldest_unpublished_age_seconds", "Age of the oldest unpublished outbox event"
+)
+UNPUBLISHED = Gauge("fatura_outbox_unpublished_events", "Outbox events not yet published")
+PUBLISHED = Counter("fatura_outbox_published_total", "Outbox events published and confirmed", ["event_type"])
+PUBLISH_FAILURES = Counter("fatura_outbox_publish_failures_total", "Failed publish attempts (event released)")
+CLAIMS_RECOVERED = Counter(
+    "fatura_outbox_claims_recovered_total", "Events claimed after another relay's claim ran out"
+)
+UNROUTABLE = Counter("fatura_outbox_unroutable_total", "Events whose type has no consumer route")
+
+
+class Relay:
+    def __init__(
+        self, settings: RelaySettings, pool: ConnectionPool[Any], broker: QuorumRabbitmqBroker
+    ) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.broker = broker
+        self._last_backlog_check = 0.0
+
+    def relay_once(self) -> int:
+        """Claim, publish and mark one batch. Returns how many events were claimed."""
+        s = self.settings
+        with self.pool.connection() as conn, conn.transaction():
+            rows = conn.execute(
+                Q["claim_batch"],
+                {"limit": s.batch_size, "claim_seconds": s.claim_timeout_seconds, "relay_id": s.relay_id},
+            ).fetchall()
+        if not rows:
+            return 0
+        rows.sort(key=lambda r: r["created_at"])
+        published: list[uuid.UUID] = []
+        unpublished: list[uuid.UUID] = []
+        failed = False
+        for row in rows:
+            if row["previous_claimer"] is not None:
+                CLAIMS_RECOVERED.inc()
+            if failed:
+                unpublished.append(row["event_id"])
+                continue
+            routes = ROUTES.get(row["event_type"])
+            if not routes:
+                UNROUTABLE.inc()
+                log.error(
+                    "outbox event %s has type %r, which no consumer takes", row["event_id"], row["event_type"]
+                )
+                unpublished.append(row["event_id"])
+                continue
+            try:
+                for route in routes:
+                    self.broker.enqueue(
+                        dramatiq.Message(
+                            queue_name=queue_name(s.common.queue_prefix, route),
+                            actor_name=route.actor,
+                            args=(),
+                            kwargs={"event": row["payload"]},
+                            options={},
+                            message_id=str(row["event_id"]),
+                        )
+                    )
+            except BrokerConnectionError as exc:
+                PUBLISH_FAILURES.inc()
+                log.warning(
+                    "publishing event %s failed, releasing the rest of the batch: %s", row["event_id"], exc
+                )
+                failed = True
+                unpublished.append(row["event_id"])
+                continue
+            faults.point(s.common.faults, faults.CRASH_AFTER_PUBLISH_CONFIRM)
+            published.append(row["event_id"])
+            PUBLISHED.labels(row["event_type"]).inc()
+        with self.pool.connection() as conn, conn.transaction():
+            if published:
+                conn.execute(Q["mark_published"], {"event_ids": published})
+            if unpublished:
+                conn.execute(Q["release_claims"], {"event_ids": unpublished, "relay_id": s.relay_id})
+        if failed:
+            raise BrokerConnectionError("RabbitMQ did not confirm a publish")
+        return len(rows)
+
+    def update_backlog_metrics(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_backlog_check < 1.0:
+            return
+        self._last_backlog_check = now
+        with self.pool.connection() as conn:
+            row = conn.execute(Q["backlog"]).fetchone()
+        if row is not None:
+            OLDEST_AGE.set(row["oldest_age_seconds"])
+            UNPUBLISHED.set(row["unpublished"])
+
+    def keep_broker_alive(self) -> None:
+        """Let pika answer heartbeats while the relay is idle."""
+        try:
+            self.broker.connection.process_data_events(time_limit=0)
+        except Exception:
+            del self.broker.connection
+
+    def run(self, stop: threading.Event) -> None:
+        s = self.settings
+        listener: psycopg.Connection[Any] | None = None
+        failures = 0
+        while not stop.is_set():
+            try:
+                if listener is None or listener.closed:
+                    listener = connect(s.common, autocommit=True)
+                    listener.execute(Q["listen"])
+                claimed = self.relay_once()
+                self.update_backlog_metrics(force=claimed == 0)
+                failures = 0
+                if claimed >= s.batch_size:
+                    continue
+                self.keep_broker_alive()
+                for _ in listener.notifies(timeout=s.sweep_interval_seconds, stop_after=1):
+                    pass
+            except (psycopg.Error, BrokerConnectionError) as exc:
+                failures += 1
+                delay = random.uniform(0, min(10.0, 0.2 * 2**failures))
+                log.warning("relay loop failed (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay)
+                if listener is not None:
+                    listener.close()
+                    listener = None
+                stop.wait(delay)
+        if listener is not None:
+            listener.close()
+
+
+def main() -> int:
+    settings = RelaySettings.from_env()
+    faults.check(settings.common.faults)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        log.info("relay %s: signal %d, finishing the current batch", settings.relay_id, signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    broker = make_broker(settings.common)
+    with sync_pool(settings.common, name="relay", max_size=3) as pool:
+        relay = Relay(settings, pool, broker)
+
+        def ready() -> str | None:
+            with pool.connection(timeout=2) as conn:
+                conn.execute("SELECT 1")
+            return None
+
+        ops = start_ops_server(settings.metrics_port, ready) if settings.metrics_port else None
+        log.info("outbox relay %s started (batch %d)", settings.relay_id, settings.batch_size)
+        try:
+            relay.run(stop)
+        finally:
+            if ops is not None:
+                ops.shutdown()
+            broker.close()
+    return 0

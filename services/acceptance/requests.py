@@ -1,0 +1,157 @@
+"""Turn a request's headers and JSON into typed values, or a typed client error. Nothing here does I/O."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+from services.acceptance import schemas
+from services.acceptance.errors import ApiError, PayloadTooLarge, Unprocessable, UnsupportedMediaType
+from services.acceptance.settings import AcceptanceSettings
+
+_MAX_REPORTED_ERRORS = 10
+
+
+@dataclass(frozen=True)
+class DocumentBody:
+    text: str
+    filename: str | None
+    size_bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class DocumentRef:
+    document_id: uuid.UUID
+    version: int
+
+
+@dataclass(frozen=True)
+class CreateDocument:
+    body: DocumentBody
+    new_version_of: uuid.UUID | None
+
+
+@dataclass(frozen=True)
+class CreateJob:
+    document: DocumentBody | DocumentRef
+    schema: str
+    priority: str
+    deadline_seconds: int
+    options: dict[str, Any]
+
+
+class RequestParser:
+    def __init__(self, settings: AcceptanceSettings) -> None:
+        self._settings = settings
+        self._document = Draft202012Validator(schemas.create_document_request())
+        self._job = Draft202012Validator(schemas.create_job_request((settings.model_policy,)))
+
+    def check_content_type(self, content_type: str | None) -> None:
+        media_type = (content_type or "").split(";", 1)[0].strip().lower()
+        if media_type != "application/json":
+            raise UnsupportedMediaType(
+                f"the body must be sent as application/json, not {media_type or 'without a Content-Type'}"
+            )
+
+    def check_declared_length(self, content_length: str | None) -> None:
+        if content_length is None:
+            return
+        try:
+            declared = int(content_length)
+        except ValueError:
+            raise ApiError("the Content-Length header is not a number", code="bad_content_length") from None
+        if declared > self._settings.max_body_bytes:
+            raise self._body_too_large()
+
+    def _body_too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(
+            f"the request body is larger than {self._settings.max_body_bytes} bytes",
+            code="body_too_large",
+            details={"max_bytes": self._settings.max_body_bytes},
+        )
+
+    def check_streamed_length(self, received: int) -> None:
+        if received > self._settings.max_body_bytes:
+            raise self._body_too_large()
+
+    def parse_json(self, raw: bytes) -> Any:
+        if not raw:
+            raise ApiError("the request body is empty; send a JSON object", code="malformed_json")
+        try:
+            return json.loads(raw, parse_constant=_reject_constant)
+        except (ValueError, RecursionError) as exc:
+            raise ApiError(f"the request body is not valid JSON: {exc}", code="malformed_json") from None
+
+    def create_document(self, body: Any) -> CreateDocument:
+        _validate(self._document, body)
+        new_version_of = uuid.UUID(body["document_id"]) if "document_id" in body else None
+        return CreateDocument(self._document_body(body), new_version_of)
+
+    def create_job(self, body: Any) -> CreateJob:
+        _validate(self._job, body)
+        document: DocumentBody | DocumentRef
+        if "document" in body:
+            document = self._document_body(body["document"])
+        else:
+            document = DocumentRef(uuid.UUID(body["document_id"]), int(body["document_version"]))
+        return CreateJob(
+            document=document,
+            schema=body.get("schema", "invoice.v1"),
+            priority=body.get("priority", "batch"),
+            deadline_seconds=int(body.get("deadline_seconds", self._settings.default_deadline_seconds)),
+            options=dict(body.get("options", {})),
+        )
+
+    def _document_body(self, body: dict[str, Any]) -> DocumentBody:
+        text: str = body["text"]
+        filename: str | None = body.get("filename")
+        try:
+            data = text.encode("utf-8")
+            if filename is not None:
+                filename.encode("utf-8")
+        except UnicodeEncodeError:
+            raise Unprocessable(
+                "the document text or filename holds an unpaired surrogate and is not valid Unicode",
+                code="invalid_text",
+            ) from None
+        if len(data) > self._settings.max_document_bytes:
+            raise PayloadTooLarge(
+                f"the document is {len(data)} bytes; the limit is {self._settings.max_document_bytes}",
+                code="document_too_large",
+                details={"size": len(data), "max_bytes": self._settings.max_document_bytes},
+            )
+        return DocumentBody(text, filename, len(data), hashlib.sha256(data).hexdigest())
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _validate(validator: Draft202012Validator, body: Any) -> None:
+    found = sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))
+    if not found:
+        return
+    errors = [_describe(e) for e in found[:_MAX_REPORTED_ERRORS]]
+    raise Unprocessable(
+        "the request does not match the schema: " + "; ".join(f"{e['path']}: {e['message']}" for e in errors),
+        details={"errors": errors},
+    )
+
+
+def _describe(error: ValidationError) -> dict[str, str]:
+    path = "/" + "/".join(str(p) for p in error.absolute_path)
+    message = error.message
+    if error.validator == "oneOf":
+        message = "send either `document` (inline text) or both `document_id` and `document_version`"
+    elif error.validator == "pattern" and isinstance(error.instance, str) and len(error.instance) > 80:
+        message = f"the value does not match the required pattern {error.validator_value!r}"
+    elif len(message) > 300:
+        message = message[:300] + "..."
+    return {"path": path, "message": message}

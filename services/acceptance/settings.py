@@ -1,0 +1,85 @@
+"""Settings of the acceptance processes (HTTP edge and outbox relay), read once from ``FATURA_*``."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from services.common.settings import CommonSettings, env_float, env_int, env_str
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class AcceptanceSettings:
+    common: CommonSettings = field(default_factory=CommonSettings)
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    http_workers: int = 2
+    metrics_port: int = 9180
+    max_document_bytes: int = 2 * MIB
+    max_system_backlog: int = 200_000
+    admission_retry_after_seconds: int = 30
+    backlog_retry_after_seconds: int = 60
+    max_output_tokens: int = 2048
+    prompt_overhead_tokens: int = 600
+    expected_jobs_per_second: float = 1.5
+    default_deadline_seconds: int = 86_400
+    auth_cache_seconds: float = 5.0
+    model_policy: str = "default"
+    policy_version: str = "invoice-policy.v1"
+
+    @property
+    def max_body_bytes(self) -> int:
+        # JSON escaping can double a text's size; the document cap itself is checked after parsing.
+        return 2 * self.max_document_bytes + 64 * 1024
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> AcceptanceSettings:
+        env = os.environ if env is None else env
+        return cls(
+            common=CommonSettings.from_env(env),
+            http_host=env_str(env, "FATURA_HTTP_HOST", "127.0.0.1"),
+            http_port=env_int(env, "FATURA_HTTP_PORT", 8080, lo=1, hi=65535),
+            http_workers=env_int(env, "FATURA_HTTP_WORKERS", 2, lo=1, hi=64),
+            metrics_port=env_int(env, "FATURA_HTTP_METRICS_PORT", 9180, lo=1, hi=65535),
+            max_document_bytes=env_int(env, "FATURA_MAX_DOCUMENT_BYTES", 2 * MIB, lo=1024, hi=64 * MIB),
+            max_system_backlog=env_int(env, "FATURA_MAX_SYSTEM_BACKLOG", 200_000, lo=0),
+            admission_retry_after_seconds=env_int(env, "FATURA_ADMISSION_RETRY_AFTER_SECONDS", 30, lo=1),
+            backlog_retry_after_seconds=env_int(env, "FATURA_BACKLOG_RETRY_AFTER_SECONDS", 60, lo=1),
+            max_output_tokens=env_int(env, "FATURA_MAX_OUTPUT_TOKENS", 2048, lo=1, hi=1_000_000),
+            prompt_overhead_tokens=env_int(env, "FATURA_PROMPT_OVERHEAD_TOKENS", 600, lo=0, hi=1_000_000),
+            expected_jobs_per_second=env_float(
+                env, "FATURA_EXPECTED_JOBS_PER_SECOND", 1.5, lo=0.001, hi=1_000_000
+            ),
+            default_deadline_seconds=env_int(
+                env, "FATURA_DEFAULT_DEADLINE_SECONDS", 86_400, lo=60, hi=604_800
+            ),
+            auth_cache_seconds=env_float(env, "FATURA_AUTH_CACHE_SECONDS", 5.0, lo=0.0, hi=3600.0),
+            model_policy=env_str(env, "FATURA_MODEL_POLICY", "default"),
+            policy_version=env_str(env, "FATURA_POLICY_VERSION", "invoice-policy.v1"),
+        )
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    common: CommonSettings = field(default_factory=CommonSettings)
+    batch_size: int = 200
+    claim_timeout_seconds: float = 30.0
+    sweep_interval_seconds: float = 1.0
+    metrics_port: int = 9181
+    relay_id: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RelaySettings:
+        env = os.environ if env is None else env
+        return cls(
+            common=CommonSettings.from_env(env),
+            batch_size=env_int(env, "FATURA_RELAY_BATCH_SIZE", 200, lo=1, hi=10_000),
+            claim_timeout_seconds=env_float(env, "FATURA_RELAY_CLAIM_TIMEOUT_SECONDS", 30.0, lo=0.1, hi=3600),
+            sweep_interval_seconds=env_float(env, "FATURA_RELAY_SWEEP_SECONDS", 1.0, lo=0.01, hi=600),
+            metrics_port=env_int(env, "FATURA_RELAY_METRICS_PORT", 9181, lo=0, hi=65535),
+            relay_id=env_str(env, "FATURA_RELAY_ID", f"{socket.gethostname()}:{os.getpid()}"),
+        )

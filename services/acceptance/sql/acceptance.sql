@@ -1,0 +1,127 @@
+-- Queries of the acceptance edge. Parameters always go through placeholders.
+
+-- name: authenticate
+SELECT k.secret_hash, k.revoked_at, t.id, t.name, t.weight, t.max_in_flight, t.max_pending_jobs,
+       t.max_pending_bytes, t.max_pending_tokens, t.daily_token_budget, t.allowed_currencies
+FROM api_keys k
+JOIN tenants t ON t.id = k.tenant_id
+WHERE k.prefix = %(prefix)s
+
+-- name: admission_snapshot
+-- One round trip: the job already holding this idempotency key (if any), the referenced document
+-- (if any), and the admission counters (at most 16 shard rows per scope).
+SELECT
+    (SELECT to_jsonb(j) FROM (
+        SELECT id, state, state_version, request_hash, priority, created_at
+        FROM extraction_jobs
+        WHERE tenant_id = %(tenant_id)s AND idempotency_key = %(idempotency_key)s) j) AS existing,
+    (SELECT to_jsonb(d) FROM (
+        SELECT size_bytes, sha256
+        FROM documents
+        WHERE tenant_id = %(tenant_id)s AND id = %(document_id)s AND version = %(document_version)s) d)
+        AS document,
+    t.pending_jobs, t.pending_bytes, t.pending_tokens,
+    s.pending_jobs AS system_pending_jobs,
+    d.tokens AS tokens_today
+FROM (SELECT coalesce(sum(pending_jobs), 0)::bigint AS pending_jobs,
+             coalesce(sum(pending_bytes), 0)::bigint AS pending_bytes,
+             coalesce(sum(pending_tokens), 0)::bigint AS pending_tokens
+      FROM admission_counters WHERE scope = %(tenant_id)s) t,
+     (SELECT coalesce(sum(pending_jobs), 0)::bigint AS pending_jobs
+      FROM admission_counters WHERE scope = '00000000-0000-0000-0000-000000000000') s,
+     (SELECT coalesce(sum(tokens), 0)::bigint AS tokens
+      FROM daily_token_usage
+      WHERE tenant_id = %(tenant_id)s AND day = (now() AT TIME ZONE 'UTC')::date) d
+
+-- name: insert_inline_document
+-- The id of an inline document is derived from the idempotency key, so a replay writes nothing.
+INSERT INTO documents (tenant_id, id, version, sha256, size_bytes, filename, text)
+VALUES (%(tenant_id)s, %(document_id)s, 1, %(sha256)s, %(size_bytes)s, %(filename)s, %(text)s)
+ON CONFLICT (tenant_id, id, version) DO NOTHING
+
+-- name: insert_document
+INSERT INTO documents (tenant_id, id, version, sha256, size_bytes, filename, text)
+VALUES (%(tenant_id)s, %(document_id)s, 1, %(sha256)s, %(size_bytes)s, %(filename)s, %(text)s)
+RETURNING id, version, sha256, size_bytes, filename
+
+-- name: insert_document_version
+-- A new version of an existing document; returns nothing when the document does not exist.
+INSERT INTO documents (tenant_id, id, version, sha256, size_bytes, filename, text)
+SELECT %(tenant_id)s, %(document_id)s, max(version) + 1, %(sha256)s, %(size_bytes)s,
+       coalesce(%(filename)s, (array_agg(filename ORDER BY version DESC))[1]), %(text)s
+FROM documents
+WHERE tenant_id = %(tenant_id)s AND id = %(document_id)s
+HAVING count(*) > 0
+RETURNING id, version, sha256, size_bytes, filename
+
+-- name: insert_job
+INSERT INTO extraction_jobs (
+    id, tenant_id, idempotency_key, request_hash, document_id, document_version, object_version,
+    doc_bytes, estimated_tokens, schema_version, policy_version, model_policy, options, priority,
+    state, state_version, deadline_at)
+VALUES (
+    %(id)s, %(tenant_id)s, %(idempotency_key)s, %(request_hash)s, %(document_id)s,
+    %(document_version)s, %(object_version)s, %(doc_bytes)s, %(estimated_tokens)s,
+    %(schema_version)s, %(policy_version)s, %(model_policy)s, %(options)s, %(priority)s,
+    'READY', 1, now() + make_interval(secs => %(deadline_seconds)s))
+ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+RETURNING id, state, state_version, request_hash, priority, created_at
+
+-- name: job_by_key
+SELECT id, state, state_version, request_hash, priority, created_at
+FROM extraction_jobs
+WHERE tenant_id = %(tenant_id)s AND idempotency_key = %(idempotency_key)s
+
+-- name: get_job
+SELECT id, tenant_id, state, state_version, attempt, priority, document_id, document_version,
+       schema_version, policy_version, available_at, deadline_at, error_class, error_message,
+       review_reasons, result_ref, usage, created_at, updated_at, finished_at, now() AS now
+FROM extraction_jobs
+WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s
+
+-- name: list_jobs
+SELECT id, state, state_version, priority, created_at, updated_at
+FROM extraction_jobs
+WHERE tenant_id = %(tenant_id)s
+  AND (created_at, id) < (%(before_created_at)s, %(before_id)s)
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: list_jobs_in_state
+SELECT id, state, state_version, priority, created_at, updated_at
+FROM extraction_jobs
+WHERE tenant_id = %(tenant_id)s AND state = %(state)s
+  AND (created_at, id) < (%(before_created_at)s, %(before_id)s)
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: cancel_job
+UPDATE extraction_jobs
+SET state = 'CANCELLED', state_version = state_version + 1, lease_until = NULL,
+    updated_at = now(), finished_at = now()
+WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s
+  AND state IN ('READY', 'RUNNING', 'RETRY_SCHEDULED')
+RETURNING id, tenant_id, state, state_version
+
+-- name: create_tenant
+INSERT INTO tenants (id, name, weight, max_in_flight, max_pending_jobs, max_pending_bytes,
+                     max_pending_tokens, daily_token_budget, allowed_currencies)
+VALUES (%(id)s, %(name)s, %(weight)s, %(max_in_flight)s, %(max_pending_jobs)s,
+        %(max_pending_bytes)s, %(max_pending_tokens)s, %(daily_token_budget)s,
+        %(allowed_currencies)s)
+
+-- name: create_api_key
+INSERT INTO api_keys (id, tenant_id, prefix, secret_hash)
+VALUES (%(id)s, %(tenant_id)s, %(prefix)s, %(secret_hash)s)
+
+-- name: tenant_exists
+SELECT 1 FROM tenants WHERE id = %(tenant_id)s
+
+-- name: upsert_supplier
+INSERT INTO suppliers (tenant_id, tax_id, name, iban, currency)
+VALUES (%(tenant_id)s, %(tax_id)s, %(name)s, %(iban)s, %(currency)s)
+ON CONFLICT (tenant_id, tax_id) DO UPDATE
+    SET name = EXCLUDED.name, iban = EXCLUDED.iban, currency = EXCLUDED.currency, updated_at = now()
+
+-- name: ping
+SELECT 1 AS ok

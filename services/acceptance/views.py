@@ -1,0 +1,131 @@
+"""What a client reads: the 202 body, the status body and list items, with words an agent cannot misread.
+
+A 2xx is easy to mistake for "finished" (seed 004): every body says in words whether the job is
+complete, carries a boolean ``done``, and says when to look again.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+from services.common import states
+
+JSON = dict[str, Any]
+
+_POLL_FLOOR = {"interactive": 2, "batch": 10}
+_POLL_CEILING = {"interactive": 30, "batch": 300}
+
+
+def status_url(job_id: object) -> str:
+    return f"/v1/extraction-jobs/{job_id}"
+
+
+def poll_after(priority: str, estimated_seconds: float) -> int:
+    """A first poll after about a quarter of the expected wait, within per-priority bounds."""
+    return int(min(_POLL_CEILING[priority], max(_POLL_FLOOR[priority], math.ceil(estimated_seconds / 4))))
+
+
+def accepted_body(job: JSON, *, estimated_seconds: int, replay: bool) -> JSON:
+    url = status_url(job["id"])
+    state = job["state"]
+    done = states.is_done(state)
+    wait = poll_after(job["priority"], estimated_seconds)
+    if done:
+        message = (
+            f"This request repeats an earlier one (same Idempotency-Key); job {job['id']} has already "
+            f"finished in state {state}. Read the result with GET {url}."
+        )
+    else:
+        repeat = "This request repeats an earlier one (same Idempotency-Key). " if replay else ""
+        message = (
+            f"{repeat}Extraction job {job['id']} has STARTED and is NOT complete; no result exists yet. "
+            f"Do not report success. Check its status with GET {url} after at least {wait} seconds; "
+            "`done` becomes true when it has finished."
+        )
+    return {
+        "job_id": str(job["id"]),
+        "state": state,
+        "done": done,
+        "state_version": job["state_version"],
+        "status_url": url,
+        "poll_after_seconds": wait,
+        "estimated_duration_seconds": estimated_seconds,
+        "message": message,
+    }
+
+
+def _state_message(job: JSON, url: str, wait: int | None) -> str:
+    state = job["state"]
+    if state == states.READY:
+        return f"Queued for extraction; NOT complete. Do not proceed yet. Check again after {wait} seconds."
+    if state == states.RUNNING:
+        return f"Extraction is running; NOT complete. Do not proceed yet. Check again after {wait} seconds."
+    if state == states.RETRY_SCHEDULED:
+        return (
+            "An attempt failed and a retry is scheduled; NOT complete. Do not proceed yet. "
+            f"Check again after {wait} seconds."
+        )
+    if state == states.SUCCEEDED:
+        return "Complete: the extraction passed validation. The result is in `result`."
+    if state == states.REVIEW_REQUIRED:
+        return (
+            "Finished, but the extraction did NOT pass validation and needs human review before use; "
+            "see `review.reasons`. Do not treat it as a validated result."
+        )
+    if state == states.FAILED_TERMINAL:
+        return f"Failed permanently ({job.get('error_class') or 'unknown'}); no result will be produced."
+    return "Cancelled; no result will be produced."
+
+
+def status_body(job: JSON) -> JSON:
+    url = status_url(job["id"])
+    state = job["state"]
+    done = states.is_done(state)
+    now: datetime = job["now"]
+    end = job["finished_at"] if done and job["finished_at"] is not None else now
+    wait: int | None = None
+    if not done:
+        if state == states.RETRY_SCHEDULED and job["available_at"] > now:
+            wait = max(1, math.ceil((job["available_at"] - now).total_seconds()))
+        else:
+            wait = (
+                _POLL_FLOOR[job["priority"]] if state == states.RUNNING else poll_after(job["priority"], 20)
+            )
+    body: JSON = {
+        "job_id": str(job["id"]),
+        "state": state,
+        "done": done,
+        "state_version": job["state_version"],
+        "attempts": job["attempt"],
+        "priority": job["priority"],
+        "document": {"document_id": str(job["document_id"]), "version": job["document_version"]},
+        "schema": job["schema_version"],
+        "created_at": job["created_at"].isoformat(),
+        "finished_at": job["finished_at"].isoformat() if job["finished_at"] is not None else None,
+        "deadline_at": job["deadline_at"].isoformat(),
+        "elapsed_seconds": round(max(0.0, (end - job["created_at"]).total_seconds()), 3),
+        "status_url": url,
+        "message": _state_message(job, url, wait),
+    }
+    if wait is not None:
+        body["poll_after_seconds"] = wait
+    if state == states.REVIEW_REQUIRED:
+        body["review"] = {"reasons": job["review_reasons"] or []}
+    if state == states.FAILED_TERMINAL:
+        body["error"] = {"class": job["error_class"] or "unknown", "message": job["error_message"] or ""}
+    return body
+
+
+def summary_body(job: JSON) -> JSON:
+    return {
+        "job_id": str(job["id"]),
+        "state": job["state"],
+        "done": states.is_done(job["state"]),
+        "state_version": job["state_version"],
+        "priority": job["priority"],
+        "created_at": job["created_at"].isoformat(),
+        "updated_at": job["updated_at"].isoformat(),
+        "status_url": status_url(job["id"]),
+    }
