@@ -1,0 +1,1 @@
+"""The ``fatura`` command line."""

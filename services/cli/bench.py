@@ -1,0 +1,37 @@
+"""``fatura bench NAME``: benchmarks from ``bench/``.
+
+Each prints a figure beside a ceiling measured in the same run.
+
+A benchmark module exposes ``add_arguments(parser)`` and ``run(args) -> int``; it is imported only
+when asked for, so the rest of the CLI does not pay for its imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+BENCHMARKS = {
+    "accept": ("bench.accept", "open-loop job submissions against the running HTTP edge vs raw psycopg"),
+    "limiter": ("bench.limiter", "Acquire+Release pairs through the limiter vs the raw Lua scripts"),
+}
+
+
+def register(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "bench",
+        help="run a benchmark from bench/ (fatura bench NAME --help for its options)",
+        description="; ".join(f"{name}: {text}" for name, (_, text) in BENCHMARKS.items()),
+    )
+    parser.add_argument("benchmark", choices=sorted(BENCHMARKS))
+    parser.add_argument("options", nargs=argparse.REMAINDER, help="options of the benchmark")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    module_name, text = BENCHMARKS[args.benchmark]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"fatura bench {args.benchmark}", description=text)
+    module.add_arguments(parser)
+    return int(module.run(parser.parse_args(args.options)) or 0)

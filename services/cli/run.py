@@ -1,0 +1,23 @@
+"""``fatura run NAME``: run one process of the stack in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from services.cli.processes import PROCESSES, by_name
+
+
+def register(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "run",
+        help="run one process of the stack in the foreground",
+        description="Run one process of the stack: "
+        + "; ".join(f"{p.name} ({p.description})" for p in PROCESSES),
+    )
+    parser.add_argument("name", choices=[p.name for p in PROCESSES])
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    return int(by_name(args.name).load()() or 0)

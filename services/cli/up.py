@@ -1,0 +1,67 @@
+"""``fatura up``: every process of the local stack in the foreground; Ctrl-C stops all it started."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from typing import Any
+
+from services.cli.processes import PROCESSES
+from services.cli.stack import Stack, check_dependencies
+from services.common.migrate import migrate
+from services.common.settings import CommonSettings
+
+
+def register(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "up",
+        help="run the whole local stack in the foreground (Ctrl-C stops it)",
+        description="Checks PostgreSQL, RabbitMQ and Redis, applies migrations, then runs: "
+        + "; ".join(p.description for p in PROCESSES),
+    )
+    parser.add_argument(
+        "--only", default=None, help="comma-separated process names to run (default: all of them)"
+    )
+    parser.set_defaults(func=_up)
+
+
+def _up(args: argparse.Namespace) -> int:
+    settings = CommonSettings.from_env()
+    problems = check_dependencies(settings)
+    if problems:
+        for line in problems:
+            print(f"fatura up: {line}", file=sys.stderr)
+        return 1
+    for m in migrate(settings.database_url):
+        print(f"fatura up: applied migration {m.version:04d}_{m.name}")
+    names = None
+    if args.only:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = set(names) - {p.name for p in PROCESSES}
+        if unknown:
+            print(f"fatura up: unknown process names {sorted(unknown)}", file=sys.stderr)
+            return 2
+    stack = Stack(names)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stack.start()
+    print(
+        f"fatura up: started {', '.join(r.spec.name for r in stack.running)}; Ctrl-C stops them", flush=True
+    )
+    code = 0
+    while not stop.wait(0.5):
+        exited = stack.first_exit()
+        if exited is not None:
+            print(
+                f"fatura up: {exited.spec.name} exited with code {exited.process.returncode}; "
+                "stopping the rest",
+                file=sys.stderr,
+            )
+            code = 1
+            break
+    print("fatura up: stopping", flush=True)
+    stack.stop()
+    return code
