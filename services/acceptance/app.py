@@ -66,6 +66,13 @@ class Edge:
         return self.parser.parse_json(b"".join(chunks))
 
 
+def _only_query(request: Request, *allowed: str) -> None:
+    unknown = sorted(set(request.query_params.keys()) - set(allowed))
+    if unknown:
+        accepted = f"; this route accepts {', '.join(allowed)}" if allowed else "; this route takes none"
+        raise ApiError(f"unknown query parameters {unknown}{accepted}", code="invalid_query")
+
+
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -73,11 +80,13 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
 def build_routes(edge: Edge) -> list[BaseRoute]:
     async def create_document(request: Request) -> Response:
         tenant = await edge.tenant(request)
+        _only_query(request)
         parsed = edge.parser.create_document(await edge.json_body(request))
         return _json(await store_document(edge.pool, tenant, parsed), 201)
 
     async def create_job(request: Request) -> Response:
         tenant = await edge.tenant(request)
+        _only_query(request)
         body = await edge.json_body(request)
         key = validate_key(request.headers.get("idempotency-key"))
         accepted = await edge.jobs.accept(tenant, key, edge.parser.create_job(body))
@@ -88,6 +97,7 @@ def build_routes(edge: Edge) -> list[BaseRoute]:
 
     async def list_jobs(request: Request) -> Response:
         tenant = await edge.tenant(request)
+        _only_query(request, "state", "cursor", "limit")
         q = request.query_params
         state = q.get("state")
         if state is not None and state not in states.ALL:
@@ -102,10 +112,12 @@ def build_routes(edge: Edge) -> list[BaseRoute]:
 
     async def get_job(request: Request) -> Response:
         tenant = await edge.tenant(request)
+        _only_query(request)
         return _json(await edge.jobs.get(tenant, parse_uuid(request.path_params["job_id"])))
 
     async def cancel_job(request: Request) -> Response:
         tenant = await edge.tenant(request)
+        _only_query(request)
         return _json(await edge.jobs.cancel(tenant, parse_uuid(request.path_params["job_id"])))
 
     async def openapi_json(request: Request) -> Response:

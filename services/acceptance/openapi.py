@@ -163,6 +163,7 @@ def build(settings: AcceptanceSettings) -> JSON:
                     "parameters": [job_id_param],
                     "responses": {
                         "200": {"description": "The job.", "content": _json("JobStatus")},
+                        "400": _E400,
                         "401": _E401,
                         "404": _E404,
                         "503": _E503,
@@ -177,6 +178,7 @@ def build(settings: AcceptanceSettings) -> JSON:
                     "parameters": [job_id_param],
                     "responses": {
                         "200": {"description": "The job, now CANCELLED.", "content": _json("JobStatus")},
+                        "400": _E400,
                         "401": _E401,
                         "404": _E404,
                         "409": _E409,

@@ -80,9 +80,12 @@ class Relay:
             if not routes:
                 UNROUTABLE.inc()
                 log.error(
-                    "outbox event %s has type %r, which no consumer takes", row["event_id"], row["event_type"]
+                    "outbox event %s has type %r, which no consumer takes; it stays unpublished",
+                    row["event_id"],
+                    row["event_type"],
                 )
-                unpublished.append(row["event_id"])
+                # Keep the claim: the event is looked at again only after the claim timeout,
+                # instead of on every sweep.
                 continue
             try:
                 for route in routes:
