@@ -1,0 +1,72 @@
+"""RabbitMQ fixtures: a queue prefix of this run's own, a consumer that reads what the relay published."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pika
+import pika.exceptions
+import pytest
+
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+
+
+@pytest.fixture(scope="session")
+def queue_prefix() -> Iterator[str]:
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    yield prefix
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    channel = connection.channel()
+    for queue in ("inference.ingest", "delivery.ingest"):
+        for suffix in ("", ".DQ", ".XQ"):
+            channel.queue_delete(f"{prefix}.{queue}{suffix}")
+    connection.close()
+
+
+@dataclass(frozen=True)
+class Delivered:
+    message_id: str
+    actor_name: str
+    event: dict[str, Any]
+    raw: dict[str, Any]
+
+
+class QueueReader:
+    """Drains a queue with basic_get and acks what it read (a consumer seeing every delivery)."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+        self.channel = self.connection.channel()
+
+    def drain(self) -> list[Delivered]:
+        found: list[Delivered] = []
+        while True:
+            try:
+                method, _props, body = self.channel.basic_get(self.queue, auto_ack=False)
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                if exc.reply_code != 404:  # 404: nobody has declared the queue yet
+                    raise
+                self.channel = self.connection.channel()
+                return found
+            if method is None:
+                return found
+            message = json.loads(body)
+            found.append(
+                Delivered(message["message_id"], message["actor_name"], message["kwargs"]["event"], message)
+            )
+            self.channel.basic_ack(method.delivery_tag)
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+@pytest.fixture
+def inference_queue(queue_prefix: str) -> Iterator[QueueReader]:
+    reader = QueueReader(f"{queue_prefix}.inference.ingest")
+    yield reader
+    reader.close()

@@ -1,0 +1,110 @@
+"""Database fixtures: a fresh, migrated test database per run, a pool on it, and tenant factories."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from services.acceptance.tenants import TenantSpec, create_tenant
+from services.common.db import SyncPool, sync_pool
+from services.common.migrate import migrate
+from services.common.settings import CommonSettings
+
+BASE_URL = os.environ.get("FATURA_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/fatura_test")
+
+
+def recreate_database(url: str) -> str:
+    """Drop and create the database named in ``url``; returns ``url``."""
+    name = str(conninfo_to_dict(url)["dbname"])
+    with psycopg.connect(make_conninfo(url, dbname="postgres"), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return url
+
+
+def drop_database(url: str) -> None:
+    name = str(conninfo_to_dict(url)["dbname"])
+    with psycopg.connect(make_conninfo(url, dbname="postgres"), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def database_url() -> str:
+    url = recreate_database(BASE_URL)
+    migrate(url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def common_settings(database_url: str, queue_prefix: str) -> CommonSettings:
+    return CommonSettings(database_url=database_url, queue_prefix=queue_prefix)
+
+
+@pytest.fixture(scope="session")
+def pool(common_settings: CommonSettings) -> Iterator[SyncPool]:
+    with sync_pool(common_settings, name="tests", max_size=4) as p:
+        yield p
+
+
+@dataclass(frozen=True)
+class TenantHandle:
+    id: uuid.UUID
+    api_key: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+
+MakeTenant = Callable[..., TenantHandle]
+
+
+@pytest.fixture
+def make_tenant(pool: SyncPool) -> MakeTenant:
+    """Create a tenant with the given limits (the rest default high)."""
+
+    def make(**limits: Any) -> TenantHandle:
+        spec = TenantSpec(name=f"t-{uuid.uuid4().hex[:8]}", **limits)
+        tenant_id, key = create_tenant(pool, spec)
+        return TenantHandle(tenant_id, key)
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def make_tenant_module(pool: SyncPool) -> MakeTenant:
+    """``make_tenant`` for module-scoped fixtures."""
+
+    def make(**limits: Any) -> TenantHandle:
+        tenant_id, key = create_tenant(pool, TenantSpec(name=f"t-{uuid.uuid4().hex[:8]}", **limits))
+        return TenantHandle(tenant_id, key)
+
+    return make
+
+
+@pytest.fixture
+def tenant(make_tenant: Callable[..., TenantHandle]) -> TenantHandle:
+    return make_tenant()
+
+
+def count_rows(pool: SyncPool, tenant_id: uuid.UUID) -> dict[str, int]:
+    """How many rows a tenant has in each table a request may write."""
+    with pool.connection() as conn:
+        row = conn.execute(
+            """SELECT
+                 (SELECT count(*) FROM extraction_jobs WHERE tenant_id = %(t)s) AS jobs,
+                 (SELECT count(*) FROM documents WHERE tenant_id = %(t)s) AS documents,
+                 (SELECT count(*) FROM outbox_events WHERE tenant_id = %(t)s) AS outbox,
+                 (SELECT count(*) FROM job_events WHERE tenant_id = %(t)s) AS job_events""",
+            {"t": tenant_id},
+        ).fetchone()
+    assert row is not None
+    return {k: int(v) for k, v in row.items()}

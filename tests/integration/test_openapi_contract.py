@@ -1,0 +1,66 @@
+"""The published contract: schemathesis generates valid and invalid requests from /openapi.json and
+checks that the live edge never answers 5xx and that every response matches the document."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from fix_db import MakeTenant, TenantHandle
+from fix_processes import ServiceProcess
+from services.acceptance import openapi
+from services.acceptance.settings import AcceptanceSettings
+
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+]
+
+
+# The document the edge serves is built by this function from the schemas it enforces; the last
+# test below checks that the live /openapi.json is exactly this document.
+DOCUMENT = openapi.build(AcceptanceSettings())
+schema = schemathesis.openapi.from_dict(DOCUMENT)
+schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE], max_examples=40)
+
+
+@pytest.fixture(scope="module")
+def fuzz_tenant(make_tenant_module: MakeTenant) -> TenantHandle:
+    return make_tenant_module()
+
+
+@schema.parametrize()
+@settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_the_edge_honours_its_openapi_document(
+    case: schemathesis.Case, edge: ServiceProcess, fuzz_tenant: TenantHandle
+) -> None:
+    case.call_and_validate(base_url=edge.base_url, headers=fuzz_tenant.headers, checks=CHECKS)
+
+
+def test_the_document_describes_the_routes_the_server_has(edge: ServiceProcess) -> None:
+    document = httpx.get(f"{edge.base_url}/openapi.json").json()
+    assert document == DOCUMENT
+    assert document["openapi"].startswith("3.1")
+    assert set(document["paths"]) == {
+        "/v1/documents",
+        "/v1/extraction-jobs",
+        "/v1/extraction-jobs/{job_id}",
+        "/v1/extraction-jobs/{job_id}:cancel",
+        "/healthz",
+        "/readyz",
+    }

@@ -1,0 +1,206 @@
+"""The outbox relay against real RabbitMQ: confirms, crash recovery, two relays at once."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import httpx
+import pika
+import pika.exceptions
+import pytest
+
+from fix_amqp import AMQP_URL, Delivered, QueueReader
+from fix_api import SubmitFn
+from fix_db import SyncPool, TenantHandle
+from fix_processes import ServiceProcess, SpawnFn, free_port
+
+StartRelay = Callable[..., ServiceProcess]
+
+
+@pytest.fixture
+def start_relay(spawn: SpawnFn) -> Iterator[StartRelay]:
+    started: list[ServiceProcess] = []
+
+    def start(**env: str) -> ServiceProcess:
+        port = free_port()
+        relay = spawn(
+            "relay",
+            FATURA_RELAY_METRICS_PORT=str(port),
+            FATURA_RELAY_SWEEP_SECONDS="0.2",
+            FATURA_RELAY_ID=f"relay-{len(started)}",
+            **env,
+        )
+        relay.base_url = f"http://127.0.0.1:{port}"
+        started.append(relay)
+        if "FATURA_FAULTS" not in env:
+            relay.wait_ready(f"{relay.base_url}/readyz")
+        return relay
+
+    yield start
+    for relay in started:
+        if relay.alive():
+            assert relay.stop() == 0, relay.log()
+
+
+def _event_ids(pool: SyncPool, tenant: TenantHandle) -> set[str]:
+    with pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT event_id FROM outbox_events WHERE tenant_id = %s", (tenant.id,)
+        ).fetchall()
+    return {str(r["event_id"]) for r in rows}
+
+
+def _wait_published(pool: SyncPool, tenant: TenantHandle, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with pool.connection() as conn:
+            row = conn.execute(
+                "SELECT count(*) FILTER (WHERE published_at IS NULL) AS left"
+                " FROM outbox_events WHERE tenant_id = %s",
+                (tenant.id,),
+            ).fetchone()
+        if row is not None and row["left"] == 0:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the relay did not publish every event in time")
+
+
+def _ours(messages: list[Delivered], ids: set[str]) -> list[Delivered]:
+    return [m for m in messages if m.message_id in ids]
+
+
+def test_the_relay_publishes_each_committed_event_and_then_marks_it(
+    start_relay: StartRelay,
+    submit: SubmitFn,
+    tenant: TenantHandle,
+    pool: SyncPool,
+    inference_queue: QueueReader,
+) -> None:
+    relay = start_relay()
+    job_id = submit(tenant).json()["job_id"]
+
+    _wait_published(pool, tenant)
+
+    ids = _event_ids(pool, tenant)
+    delivered = _ours(inference_queue.drain(), ids)
+    assert [m.message_id for m in delivered] == list(ids)
+    message = delivered[0]
+    assert message.actor_name == "ingest"
+    assert message.event["job_id"] == job_id
+    assert message.event["event_type"] == "extraction.requested.v1"
+    assert set(message.event) == {"event_id", "event_type", "tenant_id", "job_id", "state", "state_version"}
+    metrics = httpx.get(f"{relay.base_url}/metrics").text
+    assert "fatura_outbox_oldest_unpublished_age_seconds" in metrics
+    assert 'fatura_outbox_published_total{event_type="extraction.requested.v1"}' in metrics
+
+
+def test_a_relay_killed_between_confirm_and_published_at_publishes_again_and_loses_nothing(
+    start_relay: StartRelay,
+    submit: SubmitFn,
+    tenant: TenantHandle,
+    pool: SyncPool,
+    inference_queue: QueueReader,
+) -> None:
+    """Given a relay that dies right after RabbitMQ confirms, when another relay runs after the claim
+    timeout, then the event is published a second time (a duplicate the consumer dedups), never lost."""
+    crashing = start_relay(
+        FATURA_FAULTS="crash_after_publish_confirm", FATURA_RELAY_CLAIM_TIMEOUT_SECONDS="1"
+    )
+    submit(tenant)
+    assert crashing.wait_exit(timeout=30) == -9, crashing.log()
+    ids = _event_ids(pool, tenant)
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT published_at, claimed_by FROM outbox_events WHERE tenant_id = %s", (tenant.id,)
+        ).fetchone()
+    assert row is not None and row["published_at"] is None and row["claimed_by"] == "relay-0"
+    first_copy = _ours(inference_queue.drain(), ids)
+    assert [m.message_id for m in first_copy] == list(ids)
+
+    start_relay(FATURA_RELAY_CLAIM_TIMEOUT_SECONDS="1")
+    _wait_published(pool, tenant)
+
+    second_copy = _ours(inference_queue.drain(), ids)
+    assert [m.message_id for m in second_copy] == list(ids)
+    assert second_copy[0].event == first_copy[0].event
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT publish_attempts, claimed_by FROM outbox_events WHERE tenant_id = %s", (tenant.id,)
+        ).fetchone()
+    assert row is not None and row["publish_attempts"] == 2 and row["claimed_by"] == "relay-1"
+
+
+def test_two_relays_at_once_publish_every_event_exactly_once(
+    start_relay: StartRelay,
+    client: httpx.Client,
+    tenant: TenantHandle,
+    pool: SyncPool,
+    inference_queue: QueueReader,
+) -> None:
+    start_relay(FATURA_RELAY_BATCH_SIZE="7")
+    start_relay(FATURA_RELAY_BATCH_SIZE="7")
+    for i in range(150):
+        reply = client.post(
+            "/v1/extraction-jobs",
+            json={"document": {"text": f"invoice {i}"}},
+            headers={**tenant.headers, "Idempotency-Key": f"two-relays-{i}"},
+        )
+        assert reply.status_code == 202
+
+    _wait_published(pool, tenant)
+
+    ids = _event_ids(pool, tenant)
+    assert len(ids) == 150
+    delivered = _ours(inference_queue.drain(), ids)
+    counts = Counter(m.message_id for m in delivered)
+    assert set(counts) == ids
+    assert max(counts.values()) == 1
+
+
+def test_work_queues_are_quorum_queues(
+    start_relay: StartRelay, submit: SubmitFn, tenant: TenantHandle, pool: SyncPool, queue_prefix: str
+) -> None:
+    """Declaring the relay's queue as a classic queue is refused: its type was fixed as quorum."""
+    start_relay()
+    submit(tenant)
+    _wait_published(pool, tenant)
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    try:
+        channel = connection.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            channel.queue_declare(
+                f"{queue_prefix}.inference.ingest", durable=True, arguments={"x-queue-type": "classic"}
+            )
+        assert refused.value.reply_code == 406
+    finally:
+        connection.close()
+
+
+def test_an_event_type_nobody_consumes_is_never_marked_published(
+    start_relay: StartRelay, submit: SubmitFn, tenant: TenantHandle, pool: SyncPool
+) -> None:
+    job_id = uuid.UUID(submit(tenant).json()["job_id"])
+    with pool.connection() as conn:
+        conn.execute(
+            """INSERT INTO outbox_events (event_id, tenant_id, job_id, event_type, payload)
+               VALUES (%s, %s, %s, 'extraction.mystery.v1', '{}')""",
+            (uuid.uuid4(), tenant.id, job_id),
+        )
+    relay = start_relay()
+    time.sleep(1.5)
+    with pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT event_type, published_at IS NOT NULL AS published"
+            " FROM outbox_events WHERE tenant_id = %s",
+            (tenant.id,),
+        ).fetchall()
+    assert {r["event_type"]: r["published"] for r in rows} == {
+        "extraction.requested.v1": True,
+        "extraction.mystery.v1": False,
+    }
+    assert "fatura_outbox_unroutable_total 1.0" in httpx.get(f"{relay.base_url}/metrics").text
+    with pool.connection() as conn:  # leave no poison behind for later tests
+        conn.execute("DELETE FROM outbox_events WHERE event_type = 'extraction.mystery.v1'")
