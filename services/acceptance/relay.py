@@ -21,6 +21,7 @@ from typing import Any
 import dramatiq
 import psycopg
 from dramatiq.errors import ConnectionError as BrokerConnectionError
+from pika.exceptions import AMQPError
 from prometheus_client import Counter, Gauge
 from psycopg_pool import ConnectionPool
 
@@ -134,7 +135,7 @@ class Relay:
         """Let pika answer heartbeats while the relay is idle."""
         try:
             self.broker.connection.process_data_events(time_limit=0)
-        except Exception:
+        except (AMQPError, OSError):  # a fresh connection on the next publish is the cure
             del self.broker.connection
 
     def run(self, stop: threading.Event) -> None:

@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from services.common.settings import SettingsError
+from services.common.settings import CommonSettings, SettingsError
 
 # Each module exposes register(subparsers) and sets `func` on the parsers it adds.
 _COMMAND_MODULES = (
@@ -34,8 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        level = CommonSettings.from_env().log_level
+    except SettingsError as exc:
+        print(f"fatura: bad setting: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(
-        level=logging.INFO,
+        level=level,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )

@@ -1,0 +1,1 @@
+"""Delivery: signed, retried, deduplicated webhooks that hand each finished job to the tenant's ERP."""
