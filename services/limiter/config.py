@@ -1,0 +1,164 @@
+"""Pool limits and tenant policies, parsed from the TOML file named by ``FATURA_LIMITER_CONFIG``.
+
+Parsing is a pure function (``parse_config``); ``ConfigHolder`` swaps in a new immutable
+``LimiterConfig`` on reload (SIGHUP) and keeps the old one when the new file is bad.
+
+Tenant caps and budgets apply inside one pool: every key a pool uses shares that pool's Redis
+hash tag, which keeps each Acquire a single-slot script on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from services.limiter.errors import UnknownPool
+from services.limiter.ids import NAME
+
+log = logging.getLogger(__name__)
+
+_MAX_LIMIT = 10**12
+
+
+class ConfigError(ValueError):
+    """The limiter configuration file is unreadable or invalid; the message names the file and key."""
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    name: str
+    rpm: int  # requests per window
+    tpm: int  # tokens per window
+    max_in_flight: int  # leases held at once, across every process
+    window_ms: int = 60_000  # RPM/TPM sliding window; 60 s makes them per-minute figures
+
+
+@dataclass(frozen=True)
+class TenantPolicy:
+    max_in_flight: int | None = None  # None: only the pool's cap applies
+    daily_token_budget: int | None = None  # tokens per UTC day (Redis clock); None: no budget
+
+
+@dataclass(frozen=True)
+class LimiterConfig:
+    pools: Mapping[str, PoolLimits]
+    tenant_defaults: TenantPolicy = TenantPolicy()
+    tenants: Mapping[str, TenantPolicy] = field(default_factory=dict)
+    source: str = "<memory>"
+
+    def pool(self, name: str) -> PoolLimits:
+        try:
+            return self.pools[name]
+        except KeyError:
+            raise UnknownPool(f"unknown pool {name!r}; configured pools: {sorted(self.pools)}") from None
+
+    def tenant(self, name: str) -> TenantPolicy:
+        return self.tenants.get(name, self.tenant_defaults)
+
+
+def _table(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a table")
+    return value
+
+
+def _int(table: dict[str, Any], key: str, where: str, *, lo: int, required: bool) -> int | None:
+    if key not in table:
+        if required:
+            raise ConfigError(f"{where}.{key} is required")
+        return None
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}.{key} must be an integer, not {value!r}")
+    if not lo <= value <= _MAX_LIMIT:
+        raise ConfigError(f"{where}.{key}={value} is outside [{lo}, {_MAX_LIMIT}]")
+    return value
+
+
+def _no_unknown_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+
+
+def _pool(name: str, raw: Any) -> PoolLimits:
+    where = f"pools.{name}"
+    if not NAME.match(name):
+        raise ConfigError(f"{where}: pool names must match {NAME.pattern}")
+    table = _table(raw, where)
+    _no_unknown_keys(table, {"rpm", "tpm", "max_in_flight", "window_ms"}, where)
+    window = _int(table, "window_ms", where, lo=100, required=False)
+    return PoolLimits(
+        name=name,
+        rpm=_int(table, "rpm", where, lo=1, required=True) or 0,
+        tpm=_int(table, "tpm", where, lo=1, required=True) or 0,
+        max_in_flight=_int(table, "max_in_flight", where, lo=1, required=True) or 0,
+        window_ms=60_000 if window is None else window,
+    )
+
+
+def _tenant(raw: Any, where: str) -> TenantPolicy:
+    table = _table(raw, where)
+    _no_unknown_keys(table, {"max_in_flight", "daily_token_budget"}, where)
+    return TenantPolicy(
+        max_in_flight=_int(table, "max_in_flight", where, lo=1, required=False),
+        daily_token_budget=_int(table, "daily_token_budget", where, lo=0, required=False),
+    )
+
+
+def parse_config(text: str, source: str = "<memory>") -> LimiterConfig:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    try:
+        _no_unknown_keys(doc, {"pools", "tenant_defaults", "tenants"}, "top level")
+        pools = {name: _pool(name, raw) for name, raw in _table(doc.get("pools", {}), "pools").items()}
+        if not pools:
+            raise ConfigError("pools: at least one pool is required")
+        defaults = _tenant(doc.get("tenant_defaults", {}), "tenant_defaults")
+        tenants: dict[str, TenantPolicy] = {}
+        for name, raw in _table(doc.get("tenants", {}), "tenants").items():
+            if not NAME.match(name):
+                raise ConfigError(f"tenants.{name}: tenant names must match {NAME.pattern}")
+            tenants[name] = _tenant(raw, f"tenants.{name}")
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return LimiterConfig(pools=pools, tenant_defaults=defaults, tenants=tenants, source=source)
+
+
+def load_config(path: Path) -> LimiterConfig:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return parse_config(text, str(path))
+
+
+class ConfigHolder:
+    """The current configuration; ``reload()`` replaces it atomically or keeps it if the file is bad."""
+
+    def __init__(self, path: Path, initial: LimiterConfig | None = None) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        self._current = initial if initial is not None else load_config(path)
+
+    @property
+    def current(self) -> LimiterConfig:
+        return self._current
+
+    def reload(self) -> bool:
+        with self._lock:
+            try:
+                fresh = load_config(self._path)
+            except ConfigError as exc:
+                log.error("limiter config reload failed, keeping the previous one: %s", exc)
+                return False
+            self._current = fresh
+        log.info("limiter config reloaded from %s: pools %s", self._path, sorted(fresh.pools))
+        return True

@@ -1,0 +1,188 @@
+-- acquire.lua: take one permit from a pool -- every dimension or none.
+--
+-- KEYS[1] inflight   zset    permit_id -> lease expiry (ms)   pool leases held now
+-- KEYS[2] window     zset    permit_id -> grant time (ms)     requests in the sliding window (RPM)
+-- KEYS[3] wtokens    hash    permit_id -> tokens counted      tokens of those requests (TPM)
+-- KEYS[4] wsum       string  sum of wtokens                   TPM used
+-- KEYS[5] cooldown   string  cooldown end (ms), PX-expiring   set by ReportThrottle
+-- KEYS[6] tinflight  zset    permit_id -> lease expiry (ms)   this tenant's leases in the pool
+-- KEYS[7] tbudget    hash    {day, used}                      this tenant's tokens in the pool today
+-- KEYS[8] permit     hash    the permit record; also the request_key's idempotency record,
+--                            because the permit id is derived from the request_key
+-- ARGV[1]  permit_id
+-- ARGV[2]  tokens to reserve (estimated input + max output)
+-- ARGV[3]  lease_ms
+-- ARGV[4]  rpm: requests per window
+-- ARGV[5]  tpm: tokens per window
+-- ARGV[6]  max in-flight for the pool
+-- ARGV[7]  window_ms
+-- ARGV[8]  tenant max in-flight in this pool (-1: none)
+-- ARGV[9]  tenant daily token budget in this pool (-1: none)
+-- ARGV[10] fingerprint of the request (tenant and token figures), to catch a reused request_key
+-- ARGV[11] retention_ms: how long the permit record outlives its lease
+-- ARGV[12] cap (ms) on the retry hint of an in-flight denial
+--
+-- Returns one of
+--   {'granted',  permit_id, lease_expires_ms, pool_in_flight_after, now_ms}
+--   {'existing', permit_id, lease_expires_ms, state, now_ms}    state: held | released | expired
+--   {'conflict', now_ms}                                        same request_key, other figures
+--   {'denied',   reason, retry_after_ms, now_ms}                reason: RPM TPM IN_FLIGHT
+--                                                               TENANT_IN_FLIGHT TENANT_BUDGET COOLDOWN
+-- The time is Redis's own (TIME), never the caller's clock.
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local pid = ARGV[1]
+local tokens = tonumber(ARGV[2])
+local lease_ms = tonumber(ARGV[3])
+local rpm = tonumber(ARGV[4])
+local tpm = tonumber(ARGV[5])
+local max_in_flight = tonumber(ARGV[6])
+local window_ms = tonumber(ARGV[7])
+local tenant_max = tonumber(ARGV[8])
+local budget = tonumber(ARGV[9])
+local retention_ms = tonumber(ARGV[11])
+local in_flight_hint_cap = tonumber(ARGV[12])
+
+-- A retried RPC: the permit for this request_key already exists.
+if redis.call('EXISTS', KEYS[8]) == 1 then
+  local rec = redis.call('HMGET', KEYS[8], 'fp', 'state', 'expires_at')
+  if rec[1] ~= ARGV[10] then
+    return {'conflict', now}
+  end
+  local state = rec[2]
+  local expires = tonumber(rec[3])
+  if state == 'held' and expires <= now then
+    state = 'expired'
+  end
+  return {'existing', pid, expires, state, now}
+end
+
+-- Expired leases free their slots with no client action.
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
+
+-- Requests older than the window leave it, taking their tokens with them.
+local cutoff = now - window_ms
+while true do
+  local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', cutoff, 'LIMIT', 0, 500)
+  if #old == 0 then break end
+  local counted = redis.call('HMGET', KEYS[3], unpack(old))
+  local freed = 0
+  for i = 1, #counted do freed = freed + (tonumber(counted[i]) or 0) end
+  redis.call('HDEL', KEYS[3], unpack(old))
+  redis.call('ZREM', KEYS[2], unpack(old))
+  if freed ~= 0 then redis.call('DECRBY', KEYS[4], freed) end
+  if #old < 500 then break end
+end
+
+-- Check every dimension before changing any. Of the exhausted ones, report the one that frees
+-- last: retrying before then cannot succeed.
+local reason = nil
+local retry = -1
+local function deny(why, after)
+  if after < 1 then after = 1 end
+  if after > retry then
+    reason = why
+    retry = after
+  end
+end
+
+local cooldown_until = tonumber(redis.call('GET', KEYS[5]) or '0')
+if cooldown_until > now then
+  deny('COOLDOWN', cooldown_until - now)
+end
+
+local day = math.floor(now / 86400000)
+local used_today = 0
+if budget >= 0 then
+  local b = redis.call('HMGET', KEYS[7], 'day', 'used')
+  if tonumber(b[1]) == day then used_today = tonumber(b[2]) or 0 end
+  if used_today + tokens > budget then
+    deny('TENANT_BUDGET', (day + 1) * 86400000 - now)
+  end
+end
+
+local requests = redis.call('ZCARD', KEYS[2])
+if requests >= rpm then
+  -- The (requests - rpm + 1)-th oldest request has to leave the window first.
+  local nth = redis.call('ZRANGE', KEYS[2], requests - rpm, requests - rpm, 'WITHSCORES')
+  deny('RPM', tonumber(nth[2]) + window_ms - now)
+end
+
+local tokens_used = tonumber(redis.call('GET', KEYS[4]) or '0')
+if tokens_used + tokens > tpm then
+  -- Walk the window oldest first until enough tokens would have left it (bounded walk).
+  local need = tokens_used + tokens - tpm
+  local freed = 0
+  local when = nil
+  local when_last = nil
+  local start = 0
+  while when == nil and start < 2000 do
+    local page = redis.call('ZRANGE', KEYS[2], start, start + 199, 'WITHSCORES')
+    if #page == 0 then break end
+    local counted = {}
+    for i = 1, #page, 2 do counted[#counted + 1] = page[i] end
+    local values = redis.call('HMGET', KEYS[3], unpack(counted))
+    for i = 1, #values do
+      freed = freed + (tonumber(values[i]) or 0)
+      if freed >= need then
+        when = tonumber(page[2 * i])
+        break
+      end
+    end
+    if when == nil then when_last = tonumber(page[#page]) end
+    start = start + 200
+  end
+  if when == nil then
+    -- Not enough in the first 2000 requests (or the limit shrank on reload): try again once the
+    -- newest request looked at has left the window, or after a whole window.
+    when = when_last or now
+  end
+  deny('TPM', when + window_ms - now)
+end
+
+local in_flight = redis.call('ZCARD', KEYS[1])
+if in_flight >= max_in_flight then
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  deny('IN_FLIGHT', math.min(tonumber(first[2]) - now, in_flight_hint_cap))
+end
+
+if tenant_max >= 0 then
+  local held = redis.call('ZCARD', KEYS[6])
+  if held >= tenant_max then
+    local first = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+    local after = in_flight_hint_cap
+    if first[2] then after = math.min(tonumber(first[2]) - now, in_flight_hint_cap) end
+    deny('TENANT_IN_FLIGHT', after)
+  end
+end
+
+if reason then
+  return {'denied', reason, retry, now}
+end
+
+-- Grant: take every dimension.
+local expires = now + lease_ms
+local function extend_to(key, at)
+  local ttl = redis.call('PTTL', key)
+  if ttl < 0 or now + ttl < at then redis.call('PEXPIREAT', key, at) end
+end
+redis.call('ZADD', KEYS[1], expires, pid)
+extend_to(KEYS[1], expires)
+redis.call('ZADD', KEYS[6], expires, pid)
+extend_to(KEYS[6], expires)
+redis.call('ZADD', KEYS[2], now, pid)
+redis.call('HSET', KEYS[3], pid, tokens)
+redis.call('INCRBY', KEYS[4], tokens)
+-- The three window keys expire together, one window after the newest request.
+for i = 2, 4 do redis.call('PEXPIREAT', KEYS[i], now + window_ms + 1000) end
+if budget >= 0 then
+  redis.call('HSET', KEYS[7], 'day', day, 'used', used_today + tokens)
+  redis.call('PEXPIREAT', KEYS[7], (day + 2) * 86400000)
+end
+redis.call('HSET', KEYS[8], 'state', 'held', 'tokens', tokens, 'granted_at', now,
+  'expires_at', expires, 'day', day, 'budgeted', budget >= 0 and 1 or 0, 'fp', ARGV[10])
+redis.call('PEXPIREAT', KEYS[8], expires + retention_ms)
+return {'granted', pid, expires, in_flight + 1, now}

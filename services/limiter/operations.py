@@ -1,0 +1,276 @@
+"""The limiter's operations as pure values: validate a request, name the script with its keys and
+arguments, and interpret the script's reply. A store (sync or asyncio) runs them; nothing here
+does I/O, so every rule can be tested without Redis or gRPC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from services.limiter.config import LimiterConfig
+from services.limiter.errors import (
+    BackendError,
+    InvalidArgument,
+    PermitNotFound,
+    PermitNotHeld,
+    RequestKeyConflict,
+)
+from services.limiter.ids import NAME, parse_permit_id, permit_id_for
+from services.limiter.model import AcquireRequest, Denial, DenyReason, Dimension, Grant, Outcome, PoolStatus
+
+T = TypeVar("T")
+MAX_REQUEST_KEY = 200
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Bounds on what one request may ask for (from ``LimiterSettings``)."""
+
+    default_lease_ms: int = 60_000
+    max_lease_ms: int = 300_000
+    max_tokens: int = 2_000_000
+    max_cooldown_ms: int = 3_600_000
+    permit_retention_ms: int = 3_600_000
+    in_flight_retry_cap_ms: int = 1_000
+
+
+@dataclass(frozen=True)
+class Operation(Generic[T]):
+    script: str  # name of services/limiter/lua/<script>.lua
+    keys: Sequence[str]
+    args: Sequence[str | int]
+    interpret: Callable[[list[Any]], T]  # the decoded reply -> result, or a LimiterError
+
+
+@dataclass(frozen=True)
+class Released:
+    already_released: bool  # an earlier Release had settled the permit; nothing changed
+
+
+@dataclass(frozen=True)
+class Throttled:
+    cooldown_until_ms: int
+    extended: bool  # False when a longer cooldown was already in force
+
+
+class KeyLayout:
+    """Every key of a pool carries its hash tag ``{pool}``: one Redis Cluster slot per pool."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def _base(self, pool: str) -> str:
+        return f"{self.prefix}:{{{pool}}}"
+
+    def pool_keys(self, pool: str) -> list[str]:
+        """inflight, window, wtokens, wsum, cooldown (the order every script expects)."""
+        base = self._base(pool)
+        return [f"{base}:inflight", f"{base}:window", f"{base}:wtokens", f"{base}:wsum", f"{base}:cooldown"]
+
+    def tenant_inflight(self, pool: str, tenant: str) -> str:
+        return f"{self._base(pool)}:tenant:{tenant}:inflight"
+
+    def tenant_budget(self, pool: str, tenant: str) -> str:
+        return f"{self._base(pool)}:tenant:{tenant}:budget"
+
+    def permit(self, permit_id: str) -> str:
+        pool, _, _ = parse_permit_id(permit_id)
+        return f"{self._base(pool)}:permit:{permit_id}"
+
+
+def _name(value: str, what: str) -> str:
+    if not value:
+        raise InvalidArgument(f"{what} must not be empty")
+    if not NAME.match(value):
+        raise InvalidArgument(f"{what} {value[:200]!r} must match {NAME.pattern}")
+    return value
+
+
+def _lease(lease_ms: int, limits: ServerLimits) -> int:
+    if lease_ms < 0:
+        raise InvalidArgument(f"lease_ms={lease_ms} must not be negative (0 means the default lease)")
+    if lease_ms > limits.max_lease_ms:
+        raise InvalidArgument(f"lease_ms={lease_ms} is over the maximum lease of {limits.max_lease_ms} ms")
+    return lease_ms or limits.default_lease_ms
+
+
+def _tokens(value: int, what: str, limits: ServerLimits) -> int:
+    if value < 0:
+        raise InvalidArgument(f"{what}={value} must not be negative")
+    if value > limits.max_tokens:
+        raise InvalidArgument(f"{what}={value} is over the maximum of {limits.max_tokens} tokens per call")
+    return value
+
+
+def _unexpected(script: str, reply: list[Any]) -> BackendError:
+    return BackendError(f"{script}.lua replied {reply!r}")
+
+
+class LimiterOps:
+    """Builds operations against the current configuration (swapped on SIGHUP)."""
+
+    def __init__(self, config: Callable[[], LimiterConfig], limits: ServerLimits, keys: KeyLayout) -> None:
+        self._config = config
+        self.limits = limits
+        self.keys = keys
+
+    @property
+    def config(self) -> LimiterConfig:
+        return self._config()
+
+    def acquire(self, request: AcquireRequest) -> Operation[Grant | Denial]:
+        config = self._config()
+        pool = config.pool(_name(request.pool, "pool"))
+        _name(request.tenant, "tenant")
+        if not request.request_key:
+            raise InvalidArgument(
+                "request_key must not be empty: it makes a retried Acquire return the same permit"
+            )
+        if len(request.request_key) > MAX_REQUEST_KEY:
+            raise InvalidArgument(f"request_key is longer than {MAX_REQUEST_KEY} characters")
+        _tokens(request.estimated_input_tokens, "estimated_input_tokens", self.limits)
+        _tokens(request.max_output_tokens, "max_output_tokens", self.limits)
+        reserved = request.reserved_tokens
+        if reserved > self.limits.max_tokens:
+            raise InvalidArgument(
+                f"estimated input + max output = {reserved} tokens"
+                f" is over the maximum of {self.limits.max_tokens}"
+            )
+        if reserved > pool.tpm:
+            raise InvalidArgument(
+                f"a reservation of {reserved} tokens can never fit pool {pool.name!r}"
+                f" (tpm {pool.tpm} per {pool.window_ms} ms)"
+            )
+        lease_ms = _lease(request.lease_ms, self.limits)
+        policy = config.tenant(request.tenant)
+        permit_id = permit_id_for(request.pool, request.tenant, request.request_key)
+
+        def interpret(reply: list[Any]) -> Grant | Denial:
+            kind = reply[0]
+            if kind == "granted":
+                return Grant(permit_id=reply[1], lease_expires_at_ms=int(reply[2]))
+            if kind == "denied":
+                return Denial(reason=DenyReason(reply[1]), retry_after_ms=int(reply[2]))
+            if kind == "existing":
+                if reply[3] == "held":
+                    return Grant(permit_id=reply[1], lease_expires_at_ms=int(reply[2]))
+                raise PermitNotHeld(
+                    f"the permit for this request_key was already {reply[3]}: use a new request_key"
+                )
+            if kind == "conflict":
+                raise RequestKeyConflict(
+                    "request_key was already used with a different tenant or token figures"
+                )
+            raise _unexpected("acquire", reply)
+
+        return Operation(
+            "acquire",
+            [
+                *self.keys.pool_keys(request.pool),
+                self.keys.tenant_inflight(request.pool, request.tenant),
+                self.keys.tenant_budget(request.pool, request.tenant),
+                self.keys.permit(permit_id),
+            ],
+            [
+                permit_id,
+                reserved,
+                lease_ms,
+                pool.rpm,
+                pool.tpm,
+                pool.max_in_flight,
+                pool.window_ms,
+                -1 if policy.max_in_flight is None else policy.max_in_flight,
+                -1 if policy.daily_token_budget is None else policy.daily_token_budget,
+                f"{request.tenant}|{request.estimated_input_tokens}|{request.max_output_tokens}",
+                self.limits.permit_retention_ms,
+                self.limits.in_flight_retry_cap_ms,
+            ],
+            interpret,
+        )
+
+    def renew(self, permit_id: str, lease_ms: int) -> Operation[int]:
+        pool, tenant, _ = parse_permit_id(permit_id)
+        lease = _lease(lease_ms, self.limits)
+
+        def interpret(reply: list[Any]) -> int:
+            if reply[0] == "renewed":
+                return int(reply[1])
+            if reply[0] == "not_found":
+                raise PermitNotFound(f"no permit {permit_id!r}")
+            if reply[0] in ("released", "expired"):
+                raise PermitNotHeld(f"permit {permit_id!r} is {reply[0]} and cannot be renewed")
+            raise _unexpected("renew", reply)
+
+        inflight = self.keys.pool_keys(pool)[0]
+        return Operation(
+            "renew",
+            [self.keys.permit(permit_id), inflight, self.keys.tenant_inflight(pool, tenant)],
+            [permit_id, lease, self.limits.permit_retention_ms],
+            interpret,
+        )
+
+    def release(
+        self, permit_id: str, outcome: Outcome, input_tokens: int, output_tokens: int
+    ) -> Operation[Released]:
+        pool, tenant, _ = parse_permit_id(permit_id)
+        _tokens(input_tokens, "input_tokens", self.limits)
+        _tokens(output_tokens, "output_tokens", self.limits)
+
+        def interpret(reply: list[Any]) -> Released:
+            if reply[0] == "released":
+                return Released(already_released=False)
+            if reply[0] == "already":
+                return Released(already_released=True)
+            if reply[0] == "not_found":
+                raise PermitNotFound(f"no permit {permit_id!r}")
+            raise _unexpected("release", reply)
+
+        inflight, window, wtokens, wsum, _ = self.keys.pool_keys(pool)
+        return Operation(
+            "release",
+            [
+                self.keys.permit(permit_id),
+                inflight,
+                self.keys.tenant_inflight(pool, tenant),
+                window,
+                wtokens,
+                wsum,
+                self.keys.tenant_budget(pool, tenant),
+            ],
+            [permit_id, outcome.value, input_tokens + output_tokens, self.limits.permit_retention_ms],
+            interpret,
+        )
+
+    def report_throttle(self, pool: str, retry_after_ms: int) -> Operation[Throttled]:
+        self._config().pool(_name(pool, "pool"))
+        if retry_after_ms <= 0:
+            raise InvalidArgument(f"retry_after_ms={retry_after_ms} must be positive")
+        if retry_after_ms > self.limits.max_cooldown_ms:
+            raise InvalidArgument(
+                f"retry_after_ms={retry_after_ms}"
+                f" is over the maximum cooldown of {self.limits.max_cooldown_ms} ms"
+            )
+
+        def interpret(reply: list[Any]) -> Throttled:
+            return Throttled(cooldown_until_ms=int(reply[0]), extended=int(reply[1]) == 1)
+
+        return Operation("throttle", [self.keys.pool_keys(pool)[4]], [retry_after_ms], interpret)
+
+    def pool_status(self, pool_name: str) -> Operation[PoolStatus]:
+        pool = self._config().pool(_name(pool_name, "pool"))
+
+        def interpret(reply: list[Any]) -> PoolStatus:
+            in_flight, requests, tokens, cooldown_until, now = (int(v) for v in reply)
+            return PoolStatus(
+                pool=pool.name,
+                window_ms=pool.window_ms,
+                requests=Dimension(pool.rpm, requests),
+                tokens=Dimension(pool.tpm, tokens),
+                in_flight=Dimension(pool.max_in_flight, in_flight),
+                cooldown_until_ms=cooldown_until or None,
+                observed_at_ms=now,
+            )
+
+        return Operation("status", self.keys.pool_keys(pool.name), [pool.window_ms], interpret)

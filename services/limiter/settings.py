@@ -1,0 +1,85 @@
+"""Limiter settings, read once from ``FATURA_LIMITER_*`` variables (server and client side)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.common.settings import SettingsError, env_float, env_int, env_str
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = ROOT / "deploy" / "local" / "limiter.toml"
+
+
+@dataclass(frozen=True)
+class LimiterSettings:
+    config_path: Path = DEFAULT_CONFIG
+    # Server
+    host: str = "127.0.0.1"
+    port: int = 50052
+    metrics_port: int = 9182
+    redis_connections: int = 64  # RPCs waiting on Redis at once; more wait for a free connection
+    key_prefix: str = "fatura:limiter"
+    redis_timeout_ms: int = 250
+    default_lease_ms: int = 60_000
+    max_lease_ms: int = 300_000
+    max_tokens: int = 2_000_000  # per Acquire (input + output); above is INVALID_ARGUMENT
+    max_cooldown_ms: int = 3_600_000
+    permit_retention_ms: int = 3_600_000  # how long a permit record outlives its lease
+    # Client
+    address: str = "127.0.0.1:50052"
+    deadline_ms: int = 50
+    emergency_share: float = 0.0  # share of a pool's in-flight/RPM/TPM one process may use unreached
+    unavailable_retry_ms: int = 1_000
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> LimiterSettings:
+        env = os.environ if env is None else env
+        raw_path = Path(env_str(env, "FATURA_LIMITER_CONFIG", str(cls.config_path)))
+        prefix = env_str(env, "FATURA_LIMITER_KEY_PREFIX", cls.key_prefix)
+        if any(ch in prefix for ch in "{} "):
+            raise SettingsError(f"FATURA_LIMITER_KEY_PREFIX={prefix!r} may not hold '{{', '}}' or spaces")
+        max_lease = env_int(env, "FATURA_LIMITER_MAX_LEASE_MS", cls.max_lease_ms, lo=1_000, hi=86_400_000)
+        port = env_int(env, "FATURA_LIMITER_PORT", cls.port, lo=1, hi=65535)
+        return cls(
+            config_path=raw_path if raw_path.is_absolute() else ROOT / raw_path,
+            host=env_str(env, "FATURA_LIMITER_HOST", cls.host),
+            port=port,
+            metrics_port=env_int(env, "FATURA_LIMITER_METRICS_PORT", cls.metrics_port, lo=1, hi=65535),
+            redis_connections=env_int(
+                env, "FATURA_LIMITER_REDIS_CONNECTIONS", cls.redis_connections, lo=1, hi=1024
+            ),
+            key_prefix=prefix,
+            redis_timeout_ms=env_int(
+                env, "FATURA_LIMITER_REDIS_TIMEOUT_MS", cls.redis_timeout_ms, lo=10, hi=60_000
+            ),
+            default_lease_ms=env_int(
+                env,
+                "FATURA_LIMITER_DEFAULT_LEASE_MS",
+                min(cls.default_lease_ms, max_lease),
+                lo=100,
+                hi=max_lease,
+            ),
+            max_lease_ms=max_lease,
+            max_tokens=env_int(env, "FATURA_LIMITER_MAX_TOKENS", cls.max_tokens, lo=1, hi=10**12),
+            max_cooldown_ms=env_int(
+                env, "FATURA_LIMITER_MAX_COOLDOWN_MS", cls.max_cooldown_ms, lo=1, hi=86_400_000
+            ),
+            permit_retention_ms=env_int(
+                env,
+                "FATURA_LIMITER_PERMIT_RETENTION_MS",
+                cls.permit_retention_ms,
+                lo=1_000,
+                hi=7 * 86_400_000,
+            ),
+            address=env_str(env, "FATURA_LIMITER_ADDRESS", f"127.0.0.1:{port}"),
+            deadline_ms=env_int(env, "FATURA_LIMITER_DEADLINE_MS", cls.deadline_ms, lo=1, hi=60_000),
+            emergency_share=env_float(
+                env, "FATURA_LIMITER_EMERGENCY_SHARE", cls.emergency_share, lo=0.0, hi=1.0
+            ),
+            unavailable_retry_ms=env_int(
+                env, "FATURA_LIMITER_UNAVAILABLE_RETRY_MS", cls.unavailable_retry_ms, lo=1, hi=3_600_000
+            ),
+        )
