@@ -1,0 +1,154 @@
+"""The limiter process: gRPC LimiterService (+ health, reflection) and its ops port (/metrics, /readyz).
+
+``main()`` runs in the foreground until SIGTERM/SIGINT and reloads the pool configuration on SIGHUP.
+The RPC path is grpc.aio over redis.asyncio on one event loop; the ops port (a thread) reads Redis
+through a small blocking client of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import REGISTRY
+
+from services.common.ops_server import start_ops_server
+from services.common.protos.fatura.limiter.v1 import limiter_pb2 as pb
+from services.common.protos.fatura.limiter.v1 import limiter_pb2_grpc as pb_grpc
+from services.common.settings import CommonSettings
+from services.limiter.config import ConfigError, ConfigHolder
+from services.limiter.errors import LimiterError
+from services.limiter.metrics import PoolCollector
+from services.limiter.operations import KeyLayout, LimiterOps, ServerLimits
+from services.limiter.servicer import LimiterServicer
+from services.limiter.settings import LimiterSettings
+from services.limiter.store import AsyncRedisStore, RedisStore, connect, connect_async
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LimiterService"].full_name
+_HEALTH_INTERVAL_S = 1.0
+_GRACE_S = 5.0
+
+
+def build_ops(settings: LimiterSettings, holder: ConfigHolder) -> LimiterOps:
+    limits = ServerLimits(
+        default_lease_ms=settings.default_lease_ms,
+        max_lease_ms=settings.max_lease_ms,
+        max_tokens=settings.max_tokens,
+        max_cooldown_ms=settings.max_cooldown_ms,
+        permit_retention_ms=settings.permit_retention_ms,
+    )
+    return LimiterOps(lambda: holder.current, limits, KeyLayout(settings.key_prefix))
+
+
+async def _watch_redis(store: AsyncRedisStore, checker: health.aio.HealthServicer) -> None:
+    """Report NOT_SERVING through the standard health service while Redis cannot be reached."""
+    last = None
+    while True:
+        try:
+            await store.ping()
+            status = health_pb2.HealthCheckResponse.SERVING
+        except LimiterError as exc:
+            status = health_pb2.HealthCheckResponse.NOT_SERVING
+            if last != status:
+                log.error("redis unreachable, limiter NOT_SERVING (RPCs answer UNAVAILABLE): %s", exc)
+        if (
+            last == health_pb2.HealthCheckResponse.NOT_SERVING
+            and status == health_pb2.HealthCheckResponse.SERVING
+        ):
+            log.info("redis reachable again, limiter SERVING")
+        last = status
+        for name in ("", SERVICE_NAME):
+            await checker.set(name, status)
+        await asyncio.sleep(_HEALTH_INTERVAL_S)
+
+
+async def serve(common: CommonSettings, settings: LimiterSettings, holder: ConfigHolder) -> int:
+    ops = build_ops(settings, holder)
+    timeout_s = settings.redis_timeout_ms / 1000
+    store = AsyncRedisStore(
+        connect_async(common.redis_url, timeout_s=timeout_s, max_connections=settings.redis_connections)
+    )
+    # The ops thread (metrics scrapes, /readyz) has its own blocking client: never the event loop's.
+    side_store = RedisStore(connect(common.redis_url, timeout_s=timeout_s, max_connections=2))
+
+    server = grpc.aio.server(
+        # Without this a second limiter on the same port would bind silently and share traffic.
+        options=[("grpc.so_reuseport", 0)],
+    )
+    pb_grpc.add_LimiterServiceServicer_to_server(LimiterServicer(ops, store), server)
+    checker = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    address = f"{settings.host}:{settings.port}"
+    try:
+        server.add_insecure_port(address)
+    except RuntimeError as exc:
+        log.error("limiter cannot listen on %s: %s", address, exc)
+        return 1
+
+    def ready() -> str | None:
+        try:
+            side_store.ping()
+        except LimiterError as exc:
+            return str(exc)
+        return None
+
+    try:
+        ops_server = start_ops_server(settings.metrics_port, ready, host=settings.host)
+    except OSError as exc:
+        log.error("limiter cannot serve metrics on port %d: %s", settings.metrics_port, exc)
+        return 1
+    collector = PoolCollector(
+        lambda: sorted(holder.current.pools), lambda pool: side_store.execute(ops.pool_status(pool))
+    )
+    REGISTRY.register(collector)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, holder.reload)
+
+    await server.start()
+    watcher = asyncio.create_task(_watch_redis(store, checker))
+    log.info(
+        "limiter listening on %s (metrics :%d), pools %s from %s",
+        address,
+        settings.metrics_port,
+        sorted(holder.current.pools),
+        settings.config_path,
+    )
+    await stop.wait()
+    log.info("limiter stopping")
+    watcher.cancel()
+    await checker.enter_graceful_shutdown()
+    await server.stop(_GRACE_S)
+    ops_server.shutdown()
+    REGISTRY.unregister(collector)
+    await store.close()
+    side_store.close()
+    log.info("limiter stopped")
+    return 0
+
+
+def main() -> int:
+    common = CommonSettings.from_env()
+    settings = LimiterSettings.from_env()
+    try:
+        holder = ConfigHolder(settings.config_path)
+    except ConfigError as exc:
+        log.error("limiter cannot start: %s", exc)
+        return 2
+    return asyncio.run(serve(common, settings, holder))
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    sys.exit(main())

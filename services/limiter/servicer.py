@@ -1,0 +1,180 @@
+"""gRPC LimiterService (grpc.aio): parse the protobuf request, run one operation, map errors to
+status codes. Nothing else happens here."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from services.common.protos.fatura.limiter.v1 import limiter_pb2 as pb
+from services.common.protos.fatura.limiter.v1 import limiter_pb2_grpc as pb_grpc
+from services.limiter import metrics
+from services.limiter.errors import (
+    BackendError,
+    BackendUnavailable,
+    InvalidArgument,
+    LimiterError,
+    LimiterUnavailable,
+    PermitNotFound,
+    PermitNotHeld,
+    RequestKeyConflict,
+    UnknownPool,
+)
+from services.limiter.ids import parse_permit_id
+from services.limiter.model import AcquireRequest, Denial, DenyReason, Outcome
+from services.limiter.operations import LimiterOps
+from services.limiter.store import AsyncRedisStore
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+
+STATUS_BY_ERROR: dict[type[LimiterError], grpc.StatusCode] = {
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    UnknownPool: grpc.StatusCode.INVALID_ARGUMENT,
+    PermitNotFound: grpc.StatusCode.NOT_FOUND,
+    PermitNotHeld: grpc.StatusCode.FAILED_PRECONDITION,
+    RequestKeyConflict: grpc.StatusCode.ALREADY_EXISTS,
+    BackendUnavailable: grpc.StatusCode.UNAVAILABLE,
+    BackendError: grpc.StatusCode.INTERNAL,
+    LimiterUnavailable: grpc.StatusCode.UNAVAILABLE,
+}
+_REASON_TO_PROTO = {
+    reason: pb.DenyReason.Value(f"DENY_REASON_{reason.value}")
+    for reason in DenyReason
+    if reason.value != "UNAVAILABLE"
+}
+_OUTCOME_FROM_PROTO: dict[int, Outcome] = {
+    pb.Outcome.Value(f"OUTCOME_{outcome.value}"): outcome for outcome in Outcome
+}
+
+
+def status_for(error: LimiterError) -> grpc.StatusCode:
+    for cls in type(error).__mro__:
+        if cls in STATUS_BY_ERROR:
+            return STATUS_BY_ERROR[cls]
+    return grpc.StatusCode.INTERNAL
+
+
+def timestamp(ms: int) -> Timestamp:
+    return Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def outcome_from_proto(value: int) -> Outcome:
+    try:
+        return _OUTCOME_FROM_PROTO[value]
+    except KeyError:
+        raise InvalidArgument("outcome must be COMPLETED, NOT_SENT or UNKNOWN") from None
+
+
+def _pool_of(permit_id: str) -> str:
+    try:
+        return parse_permit_id(permit_id)[0]
+    except InvalidArgument:
+        return "-"
+
+
+class LimiterServicer(pb_grpc.LimiterServiceServicer):
+    def __init__(self, ops: LimiterOps, store: AsyncRedisStore) -> None:
+        self._ops = ops
+        self._store = store
+
+    async def _handle(self, method: str, context: Any, call: Callable[[], Awaitable[R]]) -> R:
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            return await call()
+        except LimiterError as exc:
+            code = status_for(exc)
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL):
+                log.warning("%s failed: %s", method, exc)
+            await context.abort(code, str(exc))
+            raise AssertionError("context.abort returned") from exc  # abort always raises
+        finally:
+            metrics.RPC_SECONDS.labels(method, code.name).observe(time.perf_counter() - started)
+
+    async def Acquire(self, request: pb.AcquireRequest, context: Any) -> pb.AcquireResponse:
+        async def call() -> pb.AcquireResponse:
+            op = self._ops.acquire(
+                AcquireRequest(
+                    pool=request.pool,
+                    tenant=request.tenant,
+                    estimated_input_tokens=request.estimated_input_tokens,
+                    max_output_tokens=request.max_output_tokens,
+                    lease_ms=request.lease_ms,
+                    request_key=request.request_key,
+                )
+            )
+            result = await self._store.execute(op)
+            if isinstance(result, Denial):
+                metrics.DENIALS.labels(request.pool, result.reason.value).inc()
+                denial = pb.Denial(
+                    reason=_REASON_TO_PROTO[result.reason], retry_after_ms=result.retry_after_ms
+                )
+                return pb.AcquireResponse(denied=denial)
+            metrics.GRANTS.labels(request.pool).inc()
+            grant = pb.Grant(
+                permit_id=result.permit_id, lease_expires_at=timestamp(result.lease_expires_at_ms)
+            )
+            return pb.AcquireResponse(granted=grant)
+
+        return await self._handle("Acquire", context, call)
+
+    async def Renew(self, request: pb.RenewRequest, context: Any) -> pb.RenewResponse:
+        async def call() -> pb.RenewResponse:
+            expires = await self._store.execute(self._ops.renew(request.permit_id, request.lease_ms))
+            return pb.RenewResponse(lease_expires_at=timestamp(expires))
+
+        return await self._handle("Renew", context, call)
+
+    async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
+        async def call() -> pb.ReleaseResponse:
+            outcome = outcome_from_proto(request.outcome)
+            op = self._ops.release(request.permit_id, outcome, request.input_tokens, request.output_tokens)
+            released = await self._store.execute(op)
+            if not released.already_released:
+                metrics.RELEASES.labels(_pool_of(request.permit_id), outcome.value).inc()
+            return pb.ReleaseResponse(already_released=released.already_released)
+
+        return await self._handle("Release", context, call)
+
+    async def ReportThrottle(
+        self, request: pb.ReportThrottleRequest, context: Any
+    ) -> pb.ReportThrottleResponse:
+        async def call() -> pb.ReportThrottleResponse:
+            throttled = await self._store.execute(
+                self._ops.report_throttle(request.pool, request.retry_after_ms)
+            )
+            metrics.THROTTLE_REPORTS.labels(request.pool, "true" if throttled.extended else "false").inc()
+            return pb.ReportThrottleResponse(cooldown_until=timestamp(throttled.cooldown_until_ms))
+
+        return await self._handle("ReportThrottle", context, call)
+
+    async def PoolStatus(self, request: pb.PoolStatusRequest, context: Any) -> pb.PoolStatusResponse:
+        async def call() -> pb.PoolStatusResponse:
+            status = await self._store.execute(self._ops.pool_status(request.pool))
+            response = pb.PoolStatusResponse(
+                pool=status.pool,
+                window_ms=status.window_ms,
+                requests=pb.Dimension(
+                    limit=status.requests.limit, used=status.requests.used, headroom=status.requests.headroom
+                ),
+                tokens=pb.Dimension(
+                    limit=status.tokens.limit, used=status.tokens.used, headroom=status.tokens.headroom
+                ),
+                in_flight=pb.Dimension(
+                    limit=status.in_flight.limit,
+                    used=status.in_flight.used,
+                    headroom=status.in_flight.headroom,
+                ),
+                observed_at=timestamp(status.observed_at_ms),
+            )
+            if status.cooldown_until_ms is not None:
+                response.cooldown_until.CopyFrom(timestamp(status.cooldown_until_ms))
+            return response
+
+        return await self._handle("PoolStatus", context, call)
