@@ -1,0 +1,289 @@
+"""Blocking limiter client for worker threads: a deadline on every call, and a client that never
+fails open.
+
+When the limiter (or the Redis behind it) cannot be reached within the deadline, ``acquire`` falls
+back to the process's bounded emergency quota (``FATURA_LIMITER_EMERGENCY_SHARE``; default 0:
+closed) and says so with a metric and a log line each time. Emergency permits are local: their
+renew and release never go to the limiter.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections import deque
+from typing import Any
+
+import grpc
+from prometheus_client import Counter
+
+from services.common.protos.fatura.limiter.v1 import limiter_pb2 as pb
+from services.common.protos.fatura.limiter.v1 import limiter_pb2_grpc as pb_grpc
+from services.limiter.config import load_config
+from services.limiter.emergency import EmergencyQuota, is_emergency
+from services.limiter.errors import (
+    BackendError,
+    InvalidArgument,
+    LimiterError,
+    LimiterUnavailable,
+    PermitNotFound,
+    PermitNotHeld,
+    RequestKeyConflict,
+)
+from services.limiter.ids import permit_id_for
+from services.limiter.model import Denial, DenyReason, Dimension, Grant, Outcome, PoolStatus
+from services.limiter.settings import LimiterSettings
+
+log = logging.getLogger(__name__)
+
+EMERGENCY = Counter(
+    "fatura_limiter_client_emergency_total",
+    "Acquires answered from the local emergency quota because the limiter was unreachable",
+    ["pool", "result"],
+)
+UNREACHABLE = Counter(
+    "fatura_limiter_client_unreachable_total",
+    "Limiter calls that got no answer within the deadline",
+    ["method"],
+)
+
+ERROR_BY_STATUS: dict[grpc.StatusCode, type[LimiterError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: PermitNotFound,
+    grpc.StatusCode.FAILED_PRECONDITION: PermitNotHeld,
+    grpc.StatusCode.ALREADY_EXISTS: RequestKeyConflict,
+    grpc.StatusCode.UNAVAILABLE: LimiterUnavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: LimiterUnavailable,
+}
+_MAX_ORPHANS = 1_000
+_CHANNEL_OPTIONS = [
+    # Reconnect quickly once the limiter is back instead of staying in emergency mode for minutes.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+    # Retries live in one layer (the caller's); the channel must not retry on its own.
+    ("grpc.enable_retries", 0),
+]
+
+
+def translate(error: grpc.RpcError) -> LimiterError:
+    code: grpc.StatusCode = error.code()
+    details = error.details() or code.name
+    return ERROR_BY_STATUS.get(code, BackendError)(f"{code.name}: {details}")
+
+
+def _ms(timestamp: Any) -> int:
+    return int(timestamp.seconds) * 1000 + int(timestamp.nanos) // 1_000_000
+
+
+class LimiterClient:
+    """Thread-safe; one per process. ``close()`` when done."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        deadline_ms: int = 50,
+        emergency: EmergencyQuota | None = None,
+        default_lease_ms: int = 60_000,
+        unavailable_retry_ms: int = 1_000,
+    ) -> None:
+        self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._stub = pb_grpc.LimiterServiceStub(self._channel)
+        self._deadline_s = deadline_ms / 1000
+        self._emergency = emergency
+        self._default_lease_ms = default_lease_ms
+        self._unavailable_retry_ms = unavailable_retry_ms
+        # Acquires that timed out may still have been granted; released NOT_SENT once reachable.
+        self._orphans: deque[str] = deque(maxlen=_MAX_ORPHANS)
+        self._orphans_lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: LimiterSettings | None = None) -> LimiterClient:
+        settings = settings or LimiterSettings.from_env()
+        emergency = None
+        if settings.emergency_share > 0:
+            # The pool sizes come from the same file the limiter reads, so the quota is known even
+            # when the limiter never answered.
+            emergency = EmergencyQuota.from_config(
+                load_config(settings.config_path),
+                settings.emergency_share,
+                retry_ms=settings.unavailable_retry_ms,
+            )
+        return cls(
+            settings.address,
+            deadline_ms=settings.deadline_ms,
+            emergency=emergency,
+            default_lease_ms=settings.default_lease_ms,
+            unavailable_retry_ms=settings.unavailable_retry_ms,
+        )
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> LimiterClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def acquire(
+        self,
+        pool: str,
+        tenant: str,
+        estimated_input_tokens: int,
+        max_output_tokens: int,
+        *,
+        lease_ms: int = 0,
+        request_key: str | None = None,
+    ) -> Grant | Denial:
+        """A permit, or a Denial saying why and when to try again. Raises ``InvalidArgument`` for a
+        bad request; never raises because the limiter is unreachable (that is a Denial with reason
+        UNAVAILABLE, or an emergency Grant)."""
+        key = request_key or uuid.uuid4().hex
+        if request_key is not None:
+            self._forget_orphan(permit_id_for(pool, tenant, key))  # the caller is retrying it
+        request = pb.AcquireRequest(
+            pool=pool,
+            tenant=tenant,
+            estimated_input_tokens=estimated_input_tokens,
+            max_output_tokens=max_output_tokens,
+            lease_ms=lease_ms,
+            request_key=key,
+        )
+        try:
+            response = self._stub.Acquire(request, timeout=self._deadline_s)
+        except grpc.RpcError as exc:
+            error = translate(exc)
+            if not isinstance(error, LimiterUnavailable):
+                raise error from exc
+            UNREACHABLE.labels("Acquire").inc()
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                self._remember_orphan(pool, tenant, key)
+            return self._emergency_acquire(pool, estimated_input_tokens + max_output_tokens, lease_ms, error)
+        self._settle_orphans()
+        if response.WhichOneof("result") == "granted":
+            granted = response.granted
+            return Grant(permit_id=granted.permit_id, lease_expires_at_ms=_ms(granted.lease_expires_at))
+        denied = response.denied
+        reason = DenyReason(pb.DenyReason.Name(denied.reason).removeprefix("DENY_REASON_"))
+        return Denial(reason=reason, retry_after_ms=denied.retry_after_ms)
+
+    def _emergency_acquire(
+        self, pool: str, tokens: int, lease_ms: int, error: LimiterError
+    ) -> Grant | Denial:
+        if self._emergency is None:
+            EMERGENCY.labels(pool, "closed").inc()
+            log.warning(
+                "limiter unreachable (%s); emergency quota closed, acquire on pool %s denied", error, pool
+            )
+            return Denial(DenyReason.UNAVAILABLE, self._unavailable_retry_ms)
+        result = self._emergency.try_acquire(pool, tokens, lease_ms or self._default_lease_ms)
+        limits = self._emergency.limits(pool)
+        if isinstance(result, Grant):
+            EMERGENCY.labels(pool, "granted").inc()
+            log.warning(
+                "limiter unreachable (%s); EMERGENCY permit %s on pool %s (%d of %s local slots in use)",
+                error,
+                result.permit_id,
+                pool,
+                self._emergency.held(pool),
+                limits.max_in_flight if limits else 0,
+            )
+        else:
+            EMERGENCY.labels(pool, "exhausted").inc()
+            log.warning(
+                "limiter unreachable (%s); emergency quota for pool %s exhausted, retry in %d ms",
+                error,
+                pool,
+                result.retry_after_ms,
+            )
+        return result
+
+    def _remember_orphan(self, pool: str, tenant: str, key: str) -> None:
+        with self._orphans_lock:
+            self._orphans.append(permit_id_for(pool, tenant, key))
+
+    def _forget_orphan(self, permit_id: str) -> None:
+        with self._orphans_lock:
+            if permit_id in self._orphans:
+                self._orphans.remove(permit_id)
+
+    def _settle_orphans(self, limit: int = 8) -> None:
+        """Release (NOT_SENT) permits whose Acquire timed out: the caller never used them."""
+        for _ in range(limit):
+            with self._orphans_lock:
+                if not self._orphans:
+                    return
+                permit_id = self._orphans.popleft()
+            try:
+                self.release(permit_id, Outcome.NOT_SENT)
+            except PermitNotFound:
+                pass  # the timed-out Acquire never reached Redis
+            except LimiterError as exc:
+                log.info("could not settle timed-out acquire %s yet: %s", permit_id, exc)
+                with self._orphans_lock:
+                    self._orphans.append(permit_id)
+                return
+
+    def renew(self, permit_id: str, lease_ms: int = 0) -> int:
+        """Extend the lease; returns the new expiry (Unix ms). Raises ``PermitNotHeld`` when the lease
+        is lost, ``LimiterUnavailable`` when the limiter cannot be reached."""
+        if is_emergency(permit_id):
+            expires = (
+                None
+                if self._emergency is None
+                else self._emergency.renew(permit_id, lease_ms or self._default_lease_ms)
+            )
+            if expires is None:
+                raise PermitNotHeld(f"emergency permit {permit_id!r} is no longer held")
+            return expires
+        response = self._call("Renew", pb.RenewRequest(permit_id=permit_id, lease_ms=lease_ms))
+        return _ms(response.lease_expires_at)
+
+    def release(
+        self, permit_id: str, outcome: Outcome, input_tokens: int = 0, output_tokens: int = 0
+    ) -> bool:
+        """Settle the permit; True if this call settled it, False if it already was. Emergency
+        permits are settled locally and never sent to the limiter."""
+        if is_emergency(permit_id):
+            return self._emergency is not None and self._emergency.release(
+                permit_id, outcome, input_tokens + output_tokens
+            )
+        outcome_value = pb.Outcome.Value(f"OUTCOME_{outcome.value}")
+        request = pb.ReleaseRequest(
+            permit_id=permit_id, outcome=outcome_value, input_tokens=input_tokens, output_tokens=output_tokens
+        )
+        return not self._call("Release", request).already_released
+
+    def report_throttle(self, pool: str, retry_after_ms: int) -> int:
+        """Start (or keep) the pool's cooldown; returns its end (Unix ms). The local emergency quota
+        honours it too, even when the limiter cannot be told."""
+        if self._emergency is not None:
+            self._emergency.note_throttle(pool, retry_after_ms)
+        response = self._call(
+            "ReportThrottle", pb.ReportThrottleRequest(pool=pool, retry_after_ms=retry_after_ms)
+        )
+        return _ms(response.cooldown_until)
+
+    def pool_status(self, pool: str) -> PoolStatus:
+        response = self._call("PoolStatus", pb.PoolStatusRequest(pool=pool))
+        return PoolStatus(
+            pool=response.pool,
+            window_ms=response.window_ms,
+            requests=Dimension(response.requests.limit, response.requests.used),
+            tokens=Dimension(response.tokens.limit, response.tokens.used),
+            in_flight=Dimension(response.in_flight.limit, response.in_flight.used),
+            cooldown_until_ms=_ms(response.cooldown_until) if response.HasField("cooldown_until") else None,
+            observed_at_ms=_ms(response.observed_at),
+        )
+
+    def _call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=self._deadline_s)
+        except grpc.RpcError as exc:
+            error = translate(exc)
+            if isinstance(error, LimiterUnavailable):
+                UNREACHABLE.labels(method).inc()
+            raise error from exc
