@@ -1,0 +1,292 @@
+"""Fixtures for the limiter tests: real Redis, the limiter server as a real process, and a private
+``redis-server`` that a test may kill and restart without touching the shared one.
+
+Every limiter started here uses Redis db 14 and a key prefix of its own, so tests never see a
+running demo's permits (db 0) nor each other's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import redis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.limiter.client import LimiterClient
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST_DB = 14
+SHARED_REDIS_URL = f"redis://127.0.0.1:6379/{TEST_DB}"
+
+# Pools for the tests that share one limiter; each test uses its own pool so none sees another's
+# permits. Small windows make window boundaries reachable within a test.
+SHARED_CONFIG = """
+[pools.basic]
+rpm = 1000
+tpm = 1000000
+max_in_flight = 10
+
+[pools.atomic]
+rpm = 1000
+tpm = 1000
+max_in_flight = 1
+
+[pools.rpm]
+rpm = 5
+tpm = 1000000000
+max_in_flight = 100
+window_ms = 1000
+
+[pools.kill]
+rpm = 1000
+tpm = 1000000000
+max_in_flight = 2
+
+[pools.cool]
+rpm = 1000
+tpm = 1000000000
+max_in_flight = 100
+
+[pools.tpm]
+rpm = 100000
+tpm = 1000000000
+max_in_flight = 1000
+
+[pools.race]
+rpm = 100000000
+tpm = 1000000000000
+max_in_flight = 30
+
+[pools.tenants]
+rpm = 1000
+tpm = 1000000000
+max_in_flight = 100
+
+[tenants.capped]
+max_in_flight = 1
+
+[tenants.budgeted]
+daily_token_budget = 10000
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def delete_prefix(url: str, prefix: str) -> None:
+    client = redis.Redis.from_url(url, socket_timeout=2)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+@dataclass
+class LimiterProcess:
+    process: subprocess.Popen[bytes]
+    port: int
+    metrics_port: int
+    config_path: Path
+    log_path: Path
+    key_prefix: str
+    redis_url: str
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def client(self, **kwargs: object) -> LimiterClient:
+        kwargs.setdefault("deadline_ms", 2_000)  # generous: the machine is shared, tests never time
+        return LimiterClient(self.address, **kwargs)  # type: ignore[arg-type]
+
+    def health(self, service: str = "") -> int:
+        with grpc.insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+            return int(response.status)
+
+    def wait_health(self, status: int, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        last: object = None
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise AssertionError(f"limiter exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                last = self.health()
+                if last == status:
+                    return
+            except grpc.RpcError as exc:
+                last = exc.code()
+            time.sleep(0.1)
+        raise AssertionError(f"limiter health stayed {last}, wanted {status}:\n{self.log()}")
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.process.pid, signum)
+
+    def stop(self) -> int:
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+def spawn_limiter(
+    config: str, workdir: Path, *, redis_url: str = SHARED_REDIS_URL, env: dict[str, str] | None = None
+) -> LimiterProcess:
+    """Run ``python -m services.limiter.server`` (what ``fatura run limiter`` calls) on free ports."""
+    name = uuid.uuid4().hex[:12]
+    config_path = workdir / f"limiter-{name}.toml"
+    config_path.write_text(config)
+    log_path = workdir / f"limiter-{name}.log"
+    port, metrics_port = free_port(), free_port()
+    prefix = f"fatura:test:{name}"
+    full_env = {
+        **os.environ,
+        "FATURA_REDIS_URL": redis_url,
+        "FATURA_LIMITER_CONFIG": str(config_path),
+        "FATURA_LIMITER_PORT": str(port),
+        "FATURA_LIMITER_METRICS_PORT": str(metrics_port),
+        "FATURA_LIMITER_KEY_PREFIX": prefix,
+        "PYTHONUNBUFFERED": "1",
+        **(env or {}),
+    }
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "services.limiter.server"],
+            cwd=ROOT,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    return LimiterProcess(process, port, metrics_port, config_path, log_path, prefix, redis_url)
+
+
+def _teardown(limiter: LimiterProcess) -> None:
+    limiter.stop()
+    try:
+        delete_prefix(limiter.redis_url, limiter.key_prefix)
+    except redis.RedisError:
+        pass  # a private Redis that the test left stopped
+
+
+StartLimiter = Callable[..., LimiterProcess]
+
+
+@pytest.fixture
+def start_limiter(tmp_path: Path) -> Iterator[StartLimiter]:
+    """Start limiter server processes; each is stopped (SIGTERM, by pid) and its keys deleted at teardown."""
+    started: list[LimiterProcess] = []
+
+    def start(
+        config: str,
+        *,
+        redis_url: str = SHARED_REDIS_URL,
+        env: dict[str, str] | None = None,
+        serving: bool = True,
+    ) -> LimiterProcess:
+        limiter = spawn_limiter(config, tmp_path, redis_url=redis_url, env=env)
+        started.append(limiter)
+        if serving:
+            limiter.wait_health(health_pb2.HealthCheckResponse.SERVING)
+        return limiter
+
+    yield start
+    for limiter in reversed(started):
+        _teardown(limiter)
+
+
+@pytest.fixture(scope="module")
+def shared_limiter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LimiterProcess]:
+    """One limiter for the tests of a module, with the pools of ``SHARED_CONFIG``."""
+    limiter = spawn_limiter(SHARED_CONFIG, tmp_path_factory.mktemp("shared-limiter"))
+    try:
+        limiter.wait_health(health_pb2.HealthCheckResponse.SERVING)
+        yield limiter
+    finally:
+        _teardown(limiter)
+
+
+@dataclass
+class PrivateRedis:
+    """A redis-server this test owns: started, SIGKILLed and restarted by pid on a fixed port."""
+
+    port: int
+    workdir: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        assert self.process is None or self.process.poll() is not None
+        self.process = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                redis.Redis(port=self.port, socket_timeout=0.5).ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise AssertionError(f"private redis-server on port {self.port} did not start")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed; the Redis-outage tests need it")
+    server = PrivateRedis(port=free_port(), workdir=tmp_path)
+    server.start()
+    yield server
+    server.kill()

@@ -1,0 +1,113 @@
+"""Redis or the limiter unreachable: the server answers UNAVAILABLE at once, the client fails closed
+by default, uses its bounded emergency quota when configured, and both recover when Redis returns."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+from prometheus_client import REGISTRY
+
+from services.common.protos.fatura.limiter.v1 import limiter_pb2 as pb
+from services.common.protos.fatura.limiter.v1 import limiter_pb2_grpc as pb_grpc
+from services.limiter.client import LimiterClient
+from services.limiter.config import parse_config
+from services.limiter.emergency import EmergencyQuota
+from services.limiter.errors import LimiterUnavailable
+from services.limiter.model import Denial, DenyReason, Grant, Outcome
+from tests.limiter.conftest import free_port
+
+if TYPE_CHECKING:
+    from tests.limiter.conftest import PrivateRedis, StartLimiter
+
+CONFIG = """
+[pools.p]
+rpm = 1000
+tpm = 1000000
+max_in_flight = 8
+"""
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def emergency_count(pool: str, result: str) -> float:
+    value = REGISTRY.get_sample_value(
+        "fatura_limiter_client_emergency_total", {"pool": pool, "result": result}
+    )
+    return value or 0.0
+
+
+@pytest.mark.chaos
+def test_redis_down_fails_closed_then_emergency_quota_then_normal_service(
+    start_limiter: StartLimiter, private_redis: PrivateRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Given a limiter on a private Redis, a default client (emergency share 0) and a client
+    allowed an emergency share of 0.25 (2 of the pool's 8 slots)
+    When Redis is killed
+    Then the server answers UNAVAILABLE (not a hang, not a grant); the default client is denied
+    UNAVAILABLE; the other gets exactly 2 emergency permits, each with a metric and a log line,
+    and releases them locally
+    When Redis is started again
+    Then the limiter reports SERVING and grants real permits again."""
+    limiter = start_limiter(CONFIG, redis_url=private_redis.url)
+    closed = limiter.client()
+    emergency = EmergencyQuota.from_config(parse_config(CONFIG), 0.25)
+    open_share = LimiterClient(limiter.address, deadline_ms=2_000, emergency=emergency)
+    try:
+        assert isinstance(closed.acquire("p", "acme", 10, 10), Grant)
+
+        private_redis.kill()
+        with grpc.insecure_channel(limiter.address) as channel:
+            with pytest.raises(grpc.RpcError) as raised:
+                pb_grpc.LimiterServiceStub(channel).Acquire(
+                    pb.AcquireRequest(pool="p", tenant="acme", estimated_input_tokens=1, request_key="k"),
+                    timeout=5,
+                )
+        assert raised.value.code() is grpc.StatusCode.UNAVAILABLE, raised.value
+        assert "redis unavailable" in raised.value.details()
+        limiter.wait_health(NOT_SERVING)
+
+        denied = closed.acquire("p", "acme", 10, 10)
+        assert denied == Denial(DenyReason.UNAVAILABLE, 1_000)
+        with pytest.raises(LimiterUnavailable):
+            closed.report_throttle("p", 1_000)
+
+        before = emergency_count("p", "granted")
+        caplog.set_level(logging.WARNING, logger="services.limiter.client")
+        caplog.clear()
+        first = open_share.acquire("p", "acme", 10, 10)
+        second = open_share.acquire("p", "acme", 10, 10)
+        third = open_share.acquire("p", "acme", 10, 10)
+        assert isinstance(first, Grant) and first.emergency
+        assert isinstance(second, Grant) and second.emergency
+        assert isinstance(third, Denial) and third.reason is DenyReason.UNAVAILABLE
+        assert emergency_count("p", "granted") == before + 2
+        assert sum("EMERGENCY permit" in r.getMessage() for r in caplog.records) == 2
+        # Released locally: with Redis down a call to the limiter would raise LimiterUnavailable.
+        assert open_share.release(first.permit_id, Outcome.COMPLETED, 5, 5) is True
+        assert open_share.renew(second.permit_id) > 0
+
+        private_redis.start()
+        limiter.wait_health(SERVING)
+        back = open_share.acquire("p", "acme", 10, 10)
+        assert isinstance(back, Grant) and not back.emergency
+        assert open_share.release(back.permit_id, Outcome.COMPLETED, 5, 5) is True
+        assert closed.pool_status("p").in_flight.used == 0  # Redis came back empty: no persistence
+    finally:
+        closed.close()
+        open_share.close()
+
+
+def test_no_limiter_listening_means_denied_not_granted() -> None:
+    """Given nothing listening at the limiter's address and the default emergency share (0)
+    Then acquire is a Denial with reason UNAVAILABLE: the client never fails open."""
+    with LimiterClient(f"127.0.0.1:{free_port()}", deadline_ms=200) as client:
+        before = emergency_count("p", "closed")
+        result = client.acquire("p", "acme", 10, 10)
+        assert result == Denial(DenyReason.UNAVAILABLE, 1_000)
+        assert emergency_count("p", "closed") == before + 1
+        with pytest.raises(LimiterUnavailable):
+            client.release("p/acme/" + "0" * 32, Outcome.COMPLETED)
