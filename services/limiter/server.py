@@ -72,8 +72,9 @@ async def _watch_redis(store: AsyncRedisStore, checker: health.aio.HealthService
 async def serve(common: CommonSettings, settings: LimiterSettings, holder: ConfigHolder) -> int:
     ops = build_ops(settings, holder)
     timeout_s = settings.redis_timeout_ms / 1000
+    connections = settings.redis_connections
     store = AsyncRedisStore(
-        connect_async(common.redis_url, timeout_s=timeout_s, max_connections=settings.redis_connections)
+        connect_async(common.redis_url, timeout_s=timeout_s, max_connections=connections), connections
     )
     # The ops thread (metrics scrapes, /readyz) has its own blocking client: never the event loop's.
     side_store = RedisStore(connect(common.redis_url, timeout_s=timeout_s, max_connections=2))

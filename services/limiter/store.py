@@ -7,6 +7,7 @@ readiness, tests and the benchmark's raw-Redis ceiling.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -70,12 +71,13 @@ def connect(url: str, *, timeout_s: float, max_connections: int) -> redis.Redis:
 
 
 def connect_async(url: str, *, timeout_s: float, max_connections: int) -> redis.asyncio.Redis:
-    pool = redis.asyncio.BlockingConnectionPool.from_url(
+    # A plain pool: AsyncRedisStore's semaphore keeps callers within max_connections, which costs
+    # less per call than the blocking pool's condition variable (measured ~15 us per call here).
+    pool = redis.asyncio.ConnectionPool.from_url(
         url,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         max_connections=max_connections,
-        timeout=timeout_s,
         retry=AsyncRetry(NoBackoff(), 1),
     )
     return redis.asyncio.Redis(connection_pool=pool)
@@ -101,16 +103,19 @@ class RedisStore:
 
 
 class AsyncRedisStore:
-    def __init__(self, client: redis.asyncio.Redis) -> None:
+    def __init__(self, client: redis.asyncio.Redis, max_concurrent: int) -> None:
         self.client = client
         self._scripts: dict[str, Callable[..., Awaitable[Any]]] = {
             name: client.register_script(load_lua(name)) for name in SCRIPT_NAMES
         }
+        # Callers beyond the pool's connections wait here instead of failing "Too many connections".
+        self._slots = asyncio.Semaphore(max_concurrent)
 
     async def execute(self, op: Operation[T]) -> T:
         script = self._scripts[op.script]
-        with translated_errors():
-            reply = await script(keys=op.keys, args=op.args)
+        async with self._slots:
+            with translated_errors():
+                reply = await script(keys=op.keys, args=op.args)
         return op.interpret(_decode(reply))
 
     async def ping(self) -> None:

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import redis
 
 from services.limiter.client import LimiterClient
+from services.limiter.errors import LimiterError
 from services.limiter.model import Grant, Outcome
 
 
@@ -42,10 +43,10 @@ def hold(args: argparse.Namespace) -> int:
 
 def race(args: argparse.Namespace) -> int:
     counter = redis.Redis.from_url(args.redis_url)
-    client = LimiterClient(args.address, deadline_ms=5_000)
+    client = LimiterClient(args.address, deadline_ms=30_000)  # a loaded machine is slow, not broken
     local = threading.BoundedSemaphore(args.local_semaphore) if args.local_semaphore else None
     lock = threading.Lock()
-    totals = {"grants": 0, "denials": 0, "peak": 0}
+    totals = {"grants": 0, "denials": 0, "peak": 0, "errors": 0}
     start_at = float(args.start_at)
     while time.time() < start_at:  # every process starts racing at the same moment
         time.sleep(0.001)
@@ -64,9 +65,14 @@ def race(args: argparse.Namespace) -> int:
             client.release(permit, Outcome.COMPLETED, 50, 50)
 
     def loop() -> None:
-        grants = denials = peak = 0
+        grants = denials = peak = errors = 0
         while time.time() < stop_at:
-            permit = take()
+            try:
+                permit = take()
+            except LimiterError as exc:
+                errors += 1
+                print(f"acquire failed: {exc!r}", file=sys.stderr)
+                continue
             if permit is None:
                 denials += 1
                 time.sleep(random.uniform(0.001, 0.004))
@@ -76,11 +82,16 @@ def race(args: argparse.Namespace) -> int:
             peak = max(peak, now_held)
             time.sleep(random.uniform(0.02, 0.06))  # the "provider call"
             counter.decr(args.counter_key)
-            give(permit)
+            try:
+                give(permit)
+            except LimiterError as exc:
+                errors += 1
+                print(f"release failed: {exc!r}", file=sys.stderr)
         with lock:
             totals["grants"] += grants
             totals["denials"] += denials
             totals["peak"] = max(totals["peak"], peak)
+            totals["errors"] += errors
 
     threads = [threading.Thread(target=loop) for _ in range(args.threads)]
     for thread in threads:
