@@ -80,3 +80,25 @@ def test_a_reload_with_a_broken_file_keeps_the_previous_config(tmp_path: Path) -
     path.write_text(VALID.replace("rpm = 600", "rpm = 60"))
     assert holder.reload() is True
     assert holder.current.pool("gpt").rpm == 60
+
+
+def test_settings_fail_fast_naming_the_variable_and_resolve_the_config_path() -> None:
+    from services.common.settings import SettingsError
+
+    settings = LimiterSettings.from_env(
+        {"FATURA_LIMITER_CONFIG": "deploy/local/limiter.toml", "FATURA_LIMITER_PORT": "6000"}
+    )
+    assert settings.config_path == DEFAULT_CONFIG  # relative to the repository root
+    assert settings.address == "127.0.0.1:6000"
+    assert settings.deadline_ms == 50 and settings.emergency_share == 0.0
+    for env, name in [
+        ({"FATURA_LIMITER_EMERGENCY_SHARE": "1.5"}, "FATURA_LIMITER_EMERGENCY_SHARE"),
+        ({"FATURA_LIMITER_DEADLINE_MS": "soon"}, "FATURA_LIMITER_DEADLINE_MS"),
+        ({"FATURA_LIMITER_KEY_PREFIX": "a{b}"}, "FATURA_LIMITER_KEY_PREFIX"),
+        (
+            {"FATURA_LIMITER_MAX_LEASE_MS": "1000", "FATURA_LIMITER_DEFAULT_LEASE_MS": "5000"},
+            "DEFAULT_LEASE_MS",
+        ),
+    ]:
+        with pytest.raises(SettingsError, match=name):
+            LimiterSettings.from_env(env)

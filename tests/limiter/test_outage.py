@@ -4,6 +4,7 @@ by default, uses its bounded emergency quota when configured, and both recover w
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
@@ -18,6 +19,7 @@ from services.limiter.config import parse_config
 from services.limiter.emergency import EmergencyQuota
 from services.limiter.errors import LimiterUnavailable
 from services.limiter.model import Denial, DenyReason, Grant, Outcome
+from services.limiter.settings import LimiterSettings
 from tests.limiter.conftest import free_port
 
 if TYPE_CHECKING:
@@ -111,3 +113,22 @@ def test_no_limiter_listening_means_denied_not_granted() -> None:
         assert emergency_count("p", "closed") == before + 1
         with pytest.raises(LimiterUnavailable):
             client.release("p/acme/" + "0" * 32, Outcome.COMPLETED)
+
+
+def test_the_emergency_share_setting_gives_local_permits_sized_from_the_pool_file(tmp_path: Path) -> None:
+    """Given FATURA_LIMITER_EMERGENCY_SHARE=0.25 and a pool of 8 slots in FATURA_LIMITER_CONFIG
+    When the limiter cannot be reached
+    Then this process gets 2 emergency permits, then a denial."""
+    config = tmp_path / "limiter.toml"
+    config.write_text(CONFIG)
+    settings = LimiterSettings.from_env(
+        {
+            "FATURA_LIMITER_CONFIG": str(config),
+            "FATURA_LIMITER_ADDRESS": f"127.0.0.1:{free_port()}",
+            "FATURA_LIMITER_EMERGENCY_SHARE": "0.25",
+            "FATURA_LIMITER_DEADLINE_MS": "200",
+        }
+    )
+    with LimiterClient.from_settings(settings) as client:
+        results = [client.acquire("p", "acme", 10, 10) for _ in range(3)]
+    assert [isinstance(r, Grant) and r.emergency for r in results] == [True, True, False]
