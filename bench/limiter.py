@@ -70,6 +70,7 @@ class Phase:
     release_ms: list[float] = field(default_factory=list)
     pair_ms: list[float] = field(default_factory=list)
     cpu_s: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds in the phase
+    error_samples: list[str] = field(default_factory=list)
     offered: float | None = None  # open loop: scheduled pairs/s
 
     @property
@@ -240,6 +241,9 @@ def report(phases: list[Phase], ceiling: Phase, limiter: Phase) -> None:
         name = ph.name if ph.offered is None else f"{ph.name} {ph.offered:,.0f}/s"
         row = f"{name:<44} {ph.rate:>8,.0f}  {p50_p99(ph.acquire_ms)}  {p50_p99(ph.release_ms)}"
         print(f"{row}  {p50_p99(ph.pair_ms)}  {ph.errors:>6}")
+    for ph in phases:
+        for sample in ph.error_samples:
+            print(f"  error in {ph.name}: {sample}")
     print()
     print("CPU time per pair (microseconds; /proc for the processes, INFO cpu for Redis):")
     for ph in phases:
@@ -304,33 +308,38 @@ async def measure(
 ) -> None:
     import grpc
     import redis
+    import redis.asyncio
 
     from services.common.protos.fatura.limiter.v1 import limiter_pb2 as pb
     from services.common.protos.fatura.limiter.v1 import limiter_pb2_grpc as pb_grpc
     from services.limiter.model import AcquireRequest, Grant, Outcome
-    from services.limiter.operations import KeyLayout, LimiterOps, ServerLimits
-    from services.limiter.store import AsyncRedisStore, connect_async
+    from services.limiter.operations import KeyLayout, LimiterOps, Operation, ServerLimits
+    from services.limiter.store import SCRIPT_NAMES, load_lua
 
     info_client = redis.Redis.from_url(args.redis_url)
     meter = CpuMeter(server_pid, lambda: info_client.info("cpu"))
     ops = LimiterOps(lambda: config, ServerLimits(), KeyLayout(prefix))
-    connections = args.clients + 4
-    store = AsyncRedisStore(
-        connect_async(args.redis_url, timeout_s=5.0, max_connections=connections), connections
-    )
+    # The ceiling calls the same scripts the way any redis-py user would: one EVALSHA per call
+    # (redis-py's Script object), 32 at a time, with the same operations building keys and args.
+    raw_client = redis.asyncio.Redis.from_url(args.redis_url, max_connections=args.clients + 4)
+    scripts = {name: raw_client.register_script(load_lua(name)) for name in SCRIPT_NAMES}
+
+    async def raw(op: Operation[Any]) -> Any:
+        reply = await scripts[op.script](keys=op.keys, args=op.args)
+        return op.interpret([x.decode() if isinstance(x, bytes) else x for x in reply])
 
     async def raw_pair(phase: Phase, measuring: bool, at: float | None = None) -> None:
         t0 = at if at is not None else time.perf_counter()
         try:
-            grant = await store.execute(
-                ops.acquire(AcquireRequest(args.pool, "bench", 100, 100, 0, uuid.uuid4().hex))
-            )
+            grant = await raw(ops.acquire(AcquireRequest(args.pool, "bench", 100, 100, 0, uuid.uuid4().hex)))
             t1 = time.perf_counter()
             assert isinstance(grant, Grant), grant
-            await store.execute(ops.release(grant.permit_id, Outcome.COMPLETED, 80, 20))
-        except Exception:  # counted and shown; a benchmark keeps going
+            await raw(ops.release(grant.permit_id, Outcome.COMPLETED, 80, 20))
+        except Exception as exc:  # counted and shown; a benchmark keeps going
             if measuring:
                 phase.errors += 1
+                if len(phase.error_samples) < 3:
+                    phase.error_samples.append(repr(exc))
             return
         t2 = time.perf_counter()
         if measuring:
@@ -365,9 +374,11 @@ async def measure(
                 ),
                 timeout=5,
             )
-        except grpc.RpcError:
+        except grpc.RpcError as exc:
             if measuring:
                 phase.errors += 1
+                if len(phase.error_samples) < 3:
+                    phase.error_samples.append(f"{exc.code().name}: {exc.details()}")
             return
         t2 = time.perf_counter()
         if measuring:
@@ -387,7 +398,7 @@ async def measure(
             await open_loop("limiter (gRPC), open loop", grpc_pair, rate, args.open_duration, meter)
         )
     await channel.close()
-    await store.close()
+    await raw_client.aclose()
     info_client.close()
     report(phases, phases[0], phases[1])
     chart(args.out, phases)

@@ -74,7 +74,9 @@ async def serve(common: CommonSettings, settings: LimiterSettings, holder: Confi
     timeout_s = settings.redis_timeout_ms / 1000
     connections = settings.redis_connections
     store = AsyncRedisStore(
-        connect_async(common.redis_url, timeout_s=timeout_s, max_connections=connections), connections
+        # +1 for the health watcher's PING, which runs beside the pipelines
+        connect_async(common.redis_url, timeout_s=timeout_s, max_connections=connections + 1),
+        connections,
     )
     # The ops thread (metrics scrapes, /readyz) has its own blocking client: never the event loop's.
     side_store = RedisStore(connect(common.redis_url, timeout_s=timeout_s, max_connections=2))

@@ -20,7 +20,7 @@ class LimiterSettings:
     host: str = "127.0.0.1"
     port: int = 50052
     metrics_port: int = 9182
-    redis_connections: int = 64  # RPCs waiting on Redis at once; more wait for a free connection
+    redis_connections: int = 4  # pipelines of script calls in flight to Redis at once
     key_prefix: str = "fatura:limiter"
     redis_timeout_ms: int = 250
     default_lease_ms: int = 60_000

@@ -8,7 +8,9 @@ readiness, tests and the benchmark's raw-Redis ceiling.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+import hashlib
+import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,9 +21,10 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from services.limiter.errors import BackendError, BackendUnavailable
+from services.limiter.errors import BackendError, BackendUnavailable, LimiterError
 from services.limiter.operations import Operation
 
+log = logging.getLogger(__name__)
 LUA_DIR = Path(__file__).resolve().parent / "lua"
 SCRIPT_NAMES = ("acquire", "release", "renew", "throttle", "status")
 
@@ -45,6 +48,17 @@ def translated_errors() -> Iterator[None]:
         raise BackendUnavailable(f"redis unavailable: {type(exc).__name__}: {exc}") from exc
     except redis.exceptions.RedisError as exc:
         raise BackendError(f"redis error: {type(exc).__name__}: {exc}") from exc
+
+
+def _translate_reply(reply: Any) -> Any:
+    """A per-command error inside a pipeline comes back as a value; make it one of ours."""
+    if isinstance(reply, redis.exceptions.RedisError):
+        try:
+            with translated_errors():
+                raise reply
+        except LimiterError as exc:
+            return exc
+    return reply
 
 
 def _decode(reply: Any) -> list[Any]:
@@ -71,13 +85,14 @@ def connect(url: str, *, timeout_s: float, max_connections: int) -> redis.Redis:
 
 
 def connect_async(url: str, *, timeout_s: float, max_connections: int) -> redis.asyncio.Redis:
-    # A plain pool: AsyncRedisStore's semaphore keeps callers within max_connections, which costs
-    # less per call than the blocking pool's condition variable (measured ~15 us per call here).
-    pool = redis.asyncio.ConnectionPool.from_url(
+    # Blocking: a caller beyond max_connections waits up to timeout_s for a free connection
+    # instead of failing "Too many connections". The pipelined store takes one per batch.
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
         url,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         max_connections=max_connections,
+        timeout=timeout_s,
         retry=AsyncRetry(NoBackoff(), 1),
     )
     return redis.asyncio.Redis(connection_pool=pool)
@@ -103,20 +118,75 @@ class RedisStore:
 
 
 class AsyncRedisStore:
-    def __init__(self, client: redis.asyncio.Redis, max_concurrent: int) -> None:
+    """Pipelines the script calls of concurrent RPCs: calls made while a pipeline is on the wire
+    leave together in the next one, over at most ``lanes`` connections.
+
+    Measured on the 2-core dev machine, this cut the server's CPU per Acquire+Release pair by about
+    a third against one EVALSHA round trip per call: each separate await on Redis costs extra
+    event-loop turns, and every turn also services gRPC's completion queue.
+    """
+
+    _MAX_BATCH = 256
+
+    def __init__(self, client: redis.asyncio.Redis, lanes: int) -> None:
         self.client = client
-        self._scripts: dict[str, Callable[..., Awaitable[Any]]] = {
-            name: client.register_script(load_lua(name)) for name in SCRIPT_NAMES
-        }
-        # Callers beyond the pool's connections wait here instead of failing "Too many connections".
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self._source = {name: load_lua(name) for name in SCRIPT_NAMES}
+        self._sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._source.items()}
+        self._pending: list[tuple[Operation[Any], asyncio.Future[Any]]] = []
+        self._lanes_free = lanes
 
     async def execute(self, op: Operation[T]) -> T:
-        script = self._scripts[op.script]
-        async with self._slots:
-            with translated_errors():
-                reply = await script(keys=op.keys, args=op.args)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._pending.append((op, future))
+        if self._lanes_free > 0 and len(self._pending) == 1:
+            self._lanes_free -= 1
+            # Started on the next turn, so the calls the current turn makes join this batch.
+            loop.call_soon(lambda: loop.create_task(self._lane()))
+        reply = await future
         return op.interpret(_decode(reply))
+
+    async def _lane(self) -> None:
+        try:
+            while self._pending:
+                batch = self._pending[: self._MAX_BATCH]
+                del self._pending[: self._MAX_BATCH]
+                try:
+                    with translated_errors():
+                        replies = await self._run(batch)
+                except LimiterError as exc:
+                    replies = [exc] * len(batch)
+                except Exception as exc:  # a lane must never leave an RPC waiting for ever
+                    log.exception("pipelined script calls failed")
+                    replies = [BackendError(f"{type(exc).__name__}: {exc}")] * len(batch)
+                for (_, future), reply in zip(batch, replies, strict=True):
+                    if future.done():  # the RPC was cancelled meanwhile
+                        continue
+                    if isinstance(reply, Exception):
+                        future.set_exception(reply)
+                    else:
+                        future.set_result(reply)
+        finally:
+            self._lanes_free += 1
+
+    async def _run(self, batch: list[tuple[Operation[Any], asyncio.Future[Any]]]) -> list[Any]:
+        replies = await self._pipeline([op for op, _ in batch])
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, redis.exceptions.NoScriptError)]
+        if missing:  # Redis restarted and lost its script cache: load, then run those again
+            log.info("redis does not know the limiter scripts (restarted?); loading them again")
+            for text in self._source.values():
+                await self.client.script_load(text)
+            again = await self._pipeline([batch[i][0] for i in missing])
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        return [_translate_reply(reply) for reply in replies]
+
+    async def _pipeline(self, ops: list[Operation[Any]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for op in ops:
+            pipe.evalsha(self._sha[op.script], len(op.keys), *op.keys, *op.args)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies
 
     async def ping(self) -> None:
         with translated_errors():

@@ -96,6 +96,7 @@ def test_redis_down_fails_closed_then_emergency_quota_then_normal_service(
         limiter.wait_health(SERVING)
         back = open_share.acquire("p", "acme", 10, 10)
         assert isinstance(back, Grant) and not back.emergency
+        assert "loading them again" in limiter.log()  # the new Redis had no scripts: NOSCRIPT handled
         assert open_share.release(back.permit_id, Outcome.COMPLETED, 5, 5) is True
         assert closed.pool_status("p").in_flight.used == 0  # Redis came back empty: no persistence
     finally:
