@@ -53,6 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="500,1000,2000",
         help="open-loop pairs/s through the limiter, comma-separated ('' skips)",
     )
+    p.add_argument(
+        "--no-threads-phase",
+        dest="threads_phase",
+        action="store_false",
+        help="skip the phase through the blocking LimiterClient (one thread per client), as workers use it",
+    )
     p.add_argument("--open-duration", type=float, default=5.0, help="measured seconds per open-loop rate")
     p.add_argument(
         "--redis-url", help="Redis for the limiter it starts and the raw ceiling (default FATURA_REDIS_URL)"
@@ -157,6 +163,62 @@ async def closed_loop(
     phase.elapsed = time.perf_counter() - started
     phase.cpu_s = CpuMeter.delta(before, meter.sample())
     reporter.cancel()
+    return phase
+
+
+def threaded_loop(
+    label: str, address: str, pool: str, clients: int, warmup: float, duration: float, meter: CpuMeter
+) -> Phase:
+    """The blocking LimiterClient the inference workers use, one thread per client, one channel."""
+    import threading
+
+    from services.limiter.client import LimiterClient
+    from services.limiter.errors import LimiterError
+    from services.limiter.model import Grant, Outcome
+
+    phase = Phase(label)
+    client = LimiterClient(address, deadline_ms=5_000)
+    lock = threading.Lock()
+    start_at = time.perf_counter() + warmup
+    stop_at = start_at + duration
+
+    def worker() -> None:
+        acquire_ms: list[float] = []
+        release_ms: list[float] = []
+        errors: list[str] = []
+        while (t0 := time.perf_counter()) < stop_at:
+            try:
+                grant = client.acquire(pool, "bench", 100, 100)
+                t1 = time.perf_counter()
+                if not isinstance(grant, Grant) or grant.emergency:
+                    raise LimiterError(f"not a limiter grant: {grant!r}")
+                client.release(grant.permit_id, Outcome.COMPLETED, 80, 20)
+            except LimiterError as exc:
+                if t0 >= start_at:
+                    errors.append(repr(exc))
+                continue
+            if t0 >= start_at:
+                acquire_ms.append((t1 - t0) * 1000)
+                release_ms.append((time.perf_counter() - t1) * 1000)
+        with lock:
+            phase.acquire_ms += acquire_ms
+            phase.release_ms += release_ms
+            phase.pair_ms += [a + r for a, r in zip(acquire_ms, release_ms, strict=True)]
+            phase.errors += len(errors)
+            phase.error_samples += errors[: 3 - len(phase.error_samples)]
+
+    print(f"{label}: {clients} threads, {warmup:.0f}s warm-up + {duration:.0f}s measured", flush=True)
+    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    time.sleep(max(0.0, start_at - time.perf_counter()))
+    before = meter.sample()
+    for thread in threads:
+        thread.join()
+    phase.elapsed = time.perf_counter() - start_at
+    phase.cpu_s = CpuMeter.delta(before, meter.sample())
+    phase.pairs = len(phase.pair_ms)
+    client.close()
     return phase
 
 
@@ -393,6 +455,13 @@ async def measure(
         await closed_loop("redis-py (raw Lua)", raw_pair, args.clients, args.warmup, args.duration, meter),
         await closed_loop("limiter (gRPC)", grpc_pair, args.clients, args.warmup, args.duration, meter),
     ]
+    if args.threads_phase:
+        label = "limiter (LimiterClient, threads)"
+        phases.append(
+            await asyncio.to_thread(
+                threaded_loop, label, address, args.pool, args.clients, args.warmup, args.duration, meter
+            )
+        )
     for rate in [float(r) for r in args.open_rates.split(",") if r.strip()]:
         phases.append(
             await open_loop("limiter (gRPC), open loop", grpc_pair, rate, args.open_duration, meter)
