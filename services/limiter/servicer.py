@@ -3,6 +3,7 @@ status codes. Nothing else happens here."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -94,6 +95,12 @@ class LimiterServicer(pb_grpc.LimiterServiceServicer):
                 log.warning("%s failed: %s", method, exc)
             await context.abort(code, str(exc))
             raise AssertionError("context.abort returned") from exc  # abort always raises
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED  # the caller gave up (deadline) or the server stops
+            raise
+        except Exception:
+            code = grpc.StatusCode.UNKNOWN  # a bug: grpc answers UNKNOWN and logs the traceback
+            raise
         finally:
             metrics.RPC_SECONDS.labels(method, code.name).observe(time.perf_counter() - started)
 
