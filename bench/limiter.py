@@ -301,11 +301,19 @@ def report(phases: list[Phase], ceiling: Phase, limiter: Phase) -> None:
     print(f"{'phase':<44} {'pairs/s':>8}  " + "  ".join(f"{c:<15}" for c in columns) + "  errors")
     for ph in phases:
         name = ph.name if ph.offered is None else f"{ph.name} {ph.offered:,.0f}/s"
+        if ph.offered is not None and ph.rate < 0.95 * ph.offered:
+            name += " OVERLOADED"
         row = f"{name:<44} {ph.rate:>8,.0f}  {p50_p99(ph.acquire_ms)}  {p50_p99(ph.release_ms)}"
         print(f"{row}  {p50_p99(ph.pair_ms)}  {ph.errors:>6}")
     for ph in phases:
         for sample in ph.error_samples:
             print(f"  error in {ph.name}: {sample}")
+    if any(p.offered is not None and p.rate < 0.95 * p.offered for p in phases):
+        print("  OVERLOADED: more pairs offered than served; the queue and the latency grow for as long as")
+        print(
+            "  the rate lasts. With thousands of calls queued, gRPC cancels some before the server sees them"
+        )
+        print("  (CANCELLED; seen against a no-op grpc.aio server too).")
     print()
     print("CPU time per pair (microseconds; /proc for the processes, INFO cpu for Redis):")
     for ph in phases:
