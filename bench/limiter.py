@@ -1,9 +1,11 @@
 """``fatura bench limiter``: Acquire+Release pairs through the limiter, beside the same Lua scripts
 called straight through redis-py, in the same run.
 
-Closed loop: N concurrent clients (asyncio tasks; default 32), each doing Acquire then Release
-as fast as answers come back. Reported: pairs/s and p50/p99 of each RPC and of the pair, and the
-CPU each process spent per pair (bench client, limiter server, Redis) to show where time goes.
+Closed loop: N concurrent clients (default 32), each doing Acquire then Release as fast as answers
+come back: first the scripts through redis-py (the ceiling), then the limiter through a grpc.aio
+client, then through the blocking ``LimiterClient`` with one thread per client (as workers use it).
+Reported: pairs/s, p50/p99 of each RPC and of the pair, and the CPU each process spent per pair
+(bench, limiter server, the whole Redis server) to show where time goes.
 Open loop (``--open-rates``): pairs start on a fixed schedule and latency counts from the
 scheduled start, so a slow server cannot hide its queue (no coordinated omission).
 """
@@ -37,32 +39,19 @@ GOAL_P99_MS = 5.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--address", help="use this running limiter instead of starting one (its config must have --pool)"
-    )
-    p.add_argument(
-        "--pool", default="bench", help="pool to use (default: bench, with limits nothing reaches)"
-    )
-    p.add_argument(
-        "--clients", type=int, default=32, help="concurrent clients in the closed loop (default 32)"
-    )
+    p.add_argument("--address", help="bench this running limiter (its config must have --pool)")
+    p.add_argument("--pool", default="bench", help="pool name (default: bench, limits nothing reaches)")
+    p.add_argument("--clients", type=int, default=32, help="concurrent clients, closed loop (default 32)")
     p.add_argument("--duration", type=float, default=8.0, help="measured seconds per closed-loop phase")
     p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each phase")
     p.add_argument(
-        "--open-rates",
-        default="500,1000,2000",
-        help="open-loop pairs/s through the limiter, comma-separated ('' skips)",
-    )
-    p.add_argument(
-        "--no-threads-phase",
-        dest="threads_phase",
-        action="store_false",
-        help="skip the phase through the blocking LimiterClient (one thread per client), as workers use it",
+        "--open-rates", default="500,1000,2000", help="open-loop pairs/s, comma-separated ('' skips)"
     )
     p.add_argument("--open-duration", type=float, default=5.0, help="measured seconds per open-loop rate")
     p.add_argument(
-        "--redis-url", help="Redis for the limiter it starts and the raw ceiling (default FATURA_REDIS_URL)"
+        "--no-threads-phase", dest="threads_phase", action="store_false", help="skip LimiterClient"
     )
+    p.add_argument("--redis-url", help="Redis for the limiter and the ceiling (default FATURA_REDIS_URL)")
     p.add_argument("--out", type=Path, default=Path("out") / "bench_limiter.png", help="chart path")
 
 
@@ -78,6 +67,18 @@ class Phase:
     cpu_s: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds in the phase
     error_samples: list[str] = field(default_factory=list)
     offered: float | None = None  # open loop: scheduled pairs/s
+
+    def record(self, t0: float, t1: float, t2: float) -> None:
+        """One pair: Acquire sent at t0 (or scheduled for t0), answered at t1, Release answered at t2."""
+        self.pairs += 1
+        self.acquire_ms.append((t1 - t0) * 1000)
+        self.release_ms.append((t2 - t1) * 1000)
+        self.pair_ms.append((t2 - t0) * 1000)
+
+    def fail(self, description: str) -> None:
+        self.errors += 1
+        if len(self.error_samples) < 3:
+            self.error_samples.append(description)
 
     @property
     def rate(self) -> float:
@@ -103,11 +104,6 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def self_cpu_s() -> float:
-    times = os.times()
-    return times.user + times.system
-
-
 class CpuMeter:
     """CPU seconds spent by the bench, the limiter server and the Redis server during a phase."""
 
@@ -117,7 +113,11 @@ class CpuMeter:
 
     def sample(self) -> dict[str, float]:
         info = self._redis_info()
-        sample = {"bench": self_cpu_s(), "redis": float(info["used_cpu_user"]) + float(info["used_cpu_sys"])}
+        own = os.times()
+        sample = {
+            "bench": own.user + own.system,
+            "redis": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
+        }
         if self._server_pid is not None:
             sample["limiter"] = proc_cpu_s(self._server_pid)
         return sample
@@ -183,8 +183,7 @@ def threaded_loop(
     stop_at = start_at + duration
 
     def worker() -> None:
-        acquire_ms: list[float] = []
-        release_ms: list[float] = []
+        pairs: list[tuple[float, float, float]] = []
         errors: list[str] = []
         while (t0 := time.perf_counter()) < stop_at:
             try:
@@ -198,14 +197,12 @@ def threaded_loop(
                     errors.append(repr(exc))
                 continue
             if t0 >= start_at:
-                acquire_ms.append((t1 - t0) * 1000)
-                release_ms.append((time.perf_counter() - t1) * 1000)
-        with lock:
-            phase.acquire_ms += acquire_ms
-            phase.release_ms += release_ms
-            phase.pair_ms += [a + r for a, r in zip(acquire_ms, release_ms, strict=True)]
-            phase.errors += len(errors)
-            phase.error_samples += errors[: 3 - len(phase.error_samples)]
+                pairs.append((t0, t1, time.perf_counter()))
+        with lock:  # the measured figures are merged once, at the end
+            for times in pairs:
+                phase.record(*times)
+            for error in errors:
+                phase.fail(error)
 
     print(f"{label}: {clients} threads, {warmup:.0f}s warm-up + {duration:.0f}s measured", flush=True)
     threads = [threading.Thread(target=worker) for _ in range(clients)]
@@ -217,7 +214,6 @@ def threaded_loop(
         thread.join()
     phase.elapsed = time.perf_counter() - start_at
     phase.cpu_s = CpuMeter.delta(before, meter.sample())
-    phase.pairs = len(phase.pair_ms)
     client.close()
     return phase
 
@@ -231,15 +227,12 @@ async def open_loop(label: str, pair: PairFn, rate: float, duration: float, mete
     before, started = meter.sample(), time.perf_counter()
     reporter = asyncio.create_task(progress(label, phase, started, duration))
 
-    async def scheduled(at: float) -> None:
-        await pair(phase, True, at)
-
     for i in range(total):
         at = started + i / rate
         delay = at - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        task = asyncio.create_task(scheduled(at))
+        task = asyncio.create_task(pair(phase, True, at))
         outstanding.add(task)
         task.add_done_callback(outstanding.discard)
     await asyncio.gather(*list(outstanding))
@@ -251,7 +244,7 @@ async def open_loop(label: str, pair: PairFn, rate: float, duration: float, mete
 
 def start_server(redis_url: str, config: Path, prefix: str) -> tuple[subprocess.Popen[bytes], str, Path]:
     port = free_port()
-    log_path = Path(tempfile.mkstemp(prefix="bench-limiter-", suffix=".log")[1])
+    log_path = config.with_suffix(".log")
     env = {
         **os.environ,
         "FATURA_REDIS_URL": redis_url,
@@ -309,11 +302,11 @@ def report(phases: list[Phase], ceiling: Phase, limiter: Phase) -> None:
         for sample in ph.error_samples:
             print(f"  error in {ph.name}: {sample}")
     if any(p.offered is not None and p.rate < 0.95 * p.offered for p in phases):
-        print("  OVERLOADED: more pairs offered than served; the queue and the latency grow for as long as")
         print(
-            "  the rate lasts. With thousands of calls queued, gRPC cancels some before the server sees them"
+            "  OVERLOADED: more pairs offered than served; queue and latency grow while the rate lasts.\n"
+            "  With thousands of calls queued, gRPC cancels some before the server sees them\n"
+            "  (CANCELLED; seen against a no-op grpc.aio server too)."
         )
-        print("  (CANCELLED; seen against a no-op grpc.aio server too).")
     print()
     print("CPU time per pair (microseconds; /proc for the processes, INFO cpu for Redis):")
     for ph in phases:
@@ -344,27 +337,19 @@ def chart(path: Path, phases: list[Phase]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     closed = [p for p in phases if p.offered is None]
-    left.bar([p.name for p in closed], [p.rate for p in closed], color=["#888888", "#3b75af"][: len(closed)])
+    left.bar([p.name for p in closed], [p.rate for p in closed])
     left.axhline(GOAL_PAIRS_PER_S, color="red", linestyle="--", label=f"goal {GOAL_PAIRS_PER_S:,}/s")
-    left.set_ylabel("Acquire+Release pairs/s")
-    left.set_title("closed loop")
+    left.set(ylabel="Acquire+Release pairs/s", title="closed loop")
+    left.tick_params(axis="x", labelsize=7)
     left.legend()
-    labels = [p.name if p.offered is None else f"{p.offered:,.0f}/s" for p in phases]
     xs = range(len(phases))
-    right.bar(
-        [x - 0.2 for x in xs], [percentile(p.acquire_ms, 0.5) for p in phases], width=0.4, label="Acquire p50"
-    )
-    right.bar(
-        [x + 0.2 for x in xs],
-        [percentile(p.acquire_ms, 0.99) for p in phases],
-        width=0.4,
-        label="Acquire p99",
-    )
+    for offset, q in ((-0.2, 0.5), (0.2, 0.99)):
+        values = [percentile(p.acquire_ms, q) for p in phases]
+        right.bar([x + offset for x in xs], values, width=0.4, label=f"Acquire p{round(q * 100)}")
     right.axhline(GOAL_P99_MS, color="red", linestyle="--", label=f"goal p99 {GOAL_P99_MS:.0f} ms")
-    right.set_xticks(list(xs), labels, rotation=20, ha="right", fontsize=8)
-    right.set_ylabel("ms")
-    right.set_yscale("log")
-    right.set_title("Acquire latency")
+    labels = [p.name if p.offered is None else f"open loop {p.offered:,.0f}/s" for p in phases]
+    right.set_xticks(list(xs), labels, rotation=20, ha="right", fontsize=7)
+    right.set(ylabel="ms (log)", yscale="log", title="Acquire latency")
     right.legend(fontsize=8)
     fig.suptitle("fatura bench limiter")
     fig.tight_layout()
@@ -407,16 +392,10 @@ async def measure(
             await raw(ops.release(grant.permit_id, Outcome.COMPLETED, 80, 20))
         except Exception as exc:  # counted and shown; a benchmark keeps going
             if measuring:
-                phase.errors += 1
-                if len(phase.error_samples) < 3:
-                    phase.error_samples.append(repr(exc))
+                phase.fail(repr(exc))
             return
-        t2 = time.perf_counter()
         if measuring:
-            phase.pairs += 1
-            phase.acquire_ms.append((t1 - t0) * 1000)
-            phase.release_ms.append((t2 - t1) * 1000)
-            phase.pair_ms.append((t2 - t0) * 1000)
+            phase.record(t0, t1, time.perf_counter())
 
     channel = grpc.aio.insecure_channel(address)
     stub = pb_grpc.LimiterServiceStub(channel)
@@ -446,16 +425,10 @@ async def measure(
             )
         except grpc.RpcError as exc:
             if measuring:
-                phase.errors += 1
-                if len(phase.error_samples) < 3:
-                    phase.error_samples.append(f"{exc.code().name}: {exc.details()}")
+                phase.fail(f"{exc.code().name}: {exc.details()}")
             return
-        t2 = time.perf_counter()
         if measuring:
-            phase.pairs += 1
-            phase.acquire_ms.append((t1 - t0) * 1000)
-            phase.release_ms.append((t2 - t1) * 1000)
-            phase.pair_ms.append((t2 - t0) * 1000)
+            phase.record(t0, t1, time.perf_counter())
 
     load = os.getloadavg()
     print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
@@ -519,12 +492,4 @@ def run(args: argparse.Namespace) -> int:
                 process.send_signal(signal.SIGTERM)
                 process.wait(timeout=30)
             delete_keys(args.redis_url, prefix)
-            if log_path is not None:
-                log_path.unlink(missing_ok=True)
     return 0
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m bench.limiter", description=__doc__)
-    add_arguments(parser)
-    sys.exit(run(parser.parse_args()))
