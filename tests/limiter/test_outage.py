@@ -4,6 +4,8 @@ by default, uses its bounded emergency quota when configured, and both recover w
 from __future__ import annotations
 
 import logging
+import signal
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -133,3 +135,29 @@ def test_the_emergency_share_setting_gives_local_permits_sized_from_the_pool_fil
     with LimiterClient.from_settings(settings) as client:
         results = [client.acquire("p", "acme", 10, 10) for _ in range(3)]
     assert [isinstance(r, Grant) and r.emergency for r in results] == [True, True, False]
+
+
+@pytest.mark.chaos
+def test_an_acquire_that_timed_out_but_was_granted_is_given_back(
+    start_limiter: StartLimiter, private_redis: PrivateRedis
+) -> None:
+    """Given a client with a 100 ms deadline
+    When Redis stalls (SIGSTOP) under an Acquire, the client gives up, and Redis then resumes and
+    grants the permit nobody is waiting for
+    Then the client's next successful call releases that orphan (NOT_SENT): it does not hold a
+    slot until its lease runs out."""
+    limiter = start_limiter(CONFIG, redis_url=private_redis.url)
+    with LimiterClient(limiter.address, deadline_ms=100) as client, limiter.client() as observer:
+        assert private_redis.process is not None
+        private_redis.process.send_signal(signal.SIGSTOP)
+        try:
+            assert client.acquire("p", "acme", 10, 10) == Denial(DenyReason.UNAVAILABLE, 1_000)
+        finally:
+            private_redis.process.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while observer.pool_status("p").in_flight.used != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert observer.pool_status("p").in_flight.used == 1  # the orphan: granted after the deadline
+        fresh = client.acquire("p", "acme", 10, 10)
+        assert isinstance(fresh, Grant)
+        assert observer.pool_status("p").in_flight.used == 1  # only the fresh permit is held
