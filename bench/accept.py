@@ -36,22 +36,20 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from services.acceptance import admission
+from services.acceptance.accept import plan_job, write_params
 from services.acceptance.queries import Q as ACCEPT_Q
+from services.acceptance.requests import CreateJob, DocumentBody
 from services.acceptance.settings import AcceptanceSettings
 from services.acceptance.tenants import TenantSpec, create_tenant
-from services.common import events, states
+from services.common import events
 from services.common.db import sync_pool
 from services.common.ids import new_id
 from services.common.migrate import migrate
 from services.common.settings import CommonSettings
-from services.common.uow import JobChange
-from services.common.uow import Q as UOW_Q
 from services.sandbox.samples import load_samples
 
 OUT_DIR = Path("out")
@@ -474,7 +472,9 @@ def ceiling_main(
     def worker() -> None:
         mine = array("d")
         try:
-            with psycopg.connect(database_url, row_factory=dict_row, application_name="fatura-bench") as conn:
+            with psycopg.connect(
+                database_url, row_factory=dict_row, application_name="fatura-bench", autocommit=True
+            ) as conn:
                 started.wait()
                 end = time.monotonic() + seconds
                 while (sent := time.monotonic()) < end:
@@ -507,49 +507,24 @@ def ceiling_main(
 
 
 def accept_once(conn: psycopg.Connection[Any], tenant_id: uuid.UUID, text: str) -> None:
-    """One job's SQL in the edge's order: the admission read, then one unit of work.
+    """One job's SQL as the edge sends it far from any limit: the single ``accept_job`` statement.
 
-    The Python around it is left out on purpose (hashing, validation): this is the database's part.
+    The Python around it is left out on purpose (HTTP, parsing, hashing): this is the database's part.
+    Near a limit the edge also reads the admission snapshot first; that path is not the steady state.
     """
     key = f"ceiling-{uuid.uuid4()}"
-    document_id = uuid.uuid5(tenant_id, f"inline:{key}")
-    size = len(text.encode())
-    snapshot = {"tenant_id": tenant_id, "idempotency_key": key, "document_id": None, "document_version": 1}
-    conn.execute(ACCEPT_Q["admission_snapshot"], snapshot).fetchone()
-    conn.commit()  # the edge reads the snapshot on a pooled connection, which commits on return
-    document = {
-        "tenant_id": tenant_id,
-        "document_id": document_id,
-        "sha256": "0" * 64,
-        "size_bytes": size,
-        "filename": "ceiling.txt",
-        "text": text,
-    }
-    job_id = new_id()
-    job = {
-        "id": job_id,
-        "tenant_id": tenant_id,
-        "idempotency_key": key,
-        "request_hash": "0" * 64,
-        "document_id": document_id,
-        "document_version": 1,
-        "object_version": "0" * 64,
-        "doc_bytes": size,
-        "estimated_tokens": admission.estimate_tokens(
-            size, prompt_overhead=DEFAULTS.prompt_overhead_tokens, max_output=DEFAULTS.max_output_tokens
-        ),
-        "schema_version": "invoice.v1",
-        "policy_version": DEFAULTS.policy_version,
-        "model_policy": DEFAULTS.model_policy,
-        "options": Jsonb({}),
-        "priority": "batch",
-        "deadline_seconds": DEFAULTS.default_deadline_seconds,
-    }
-    with conn.transaction():
-        conn.execute(ACCEPT_Q["insert_inline_document"], document)
-        conn.execute(ACCEPT_Q["insert_job"], job).fetchone()
-        change = JobChange(tenant_id, job_id, states.READY, 1, events.EXTRACTION_REQUESTED)
-        conn.execute(UOW_Q["record_change"], change.params())
+    request = CreateJob(
+        document=DocumentBody(text, "ceiling.txt", len(text.encode()), "0" * 64),
+        schema="invoice.v1",
+        priority="batch",
+        deadline_seconds=DEFAULTS.default_deadline_seconds,
+        options={},
+    )
+    plan = plan_job(DEFAULTS, tenant_id, key, request, len(text.encode()), "0" * 64)
+    row = conn.execute(
+        ACCEPT_Q["accept_job"], write_params(DEFAULTS, tenant_id, key, request, plan, new_id())
+    )
+    assert row.fetchone() is not None
 
 
 def run_ceiling(database_url: str, tenant_id: uuid.UUID, connections: int, seconds: float) -> CeilingResult:

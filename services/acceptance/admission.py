@@ -121,3 +121,20 @@ def decide(
             "when the budget resets at 00:00 UTC.",
         )
     return None
+
+
+def comfortably_within(
+    limits: TenantLimits, usage: Usage, cost: JobCost, *, max_system_backlog: int, margin: float = 0.9
+) -> bool:
+    """True when the job would leave every limit below ``margin`` of its maximum.
+
+    Only then may a worker decide on counters it read a moment ago: whatever other workers
+    accepted since cannot plausibly close the remaining gap.
+    """
+    return (
+        usage.system_pending_jobs + 1 <= margin * max_system_backlog
+        and usage.pending_jobs + 1 <= margin * limits.max_pending_jobs
+        and usage.pending_bytes + cost.bytes <= margin * limits.max_pending_bytes
+        and usage.pending_tokens + cost.tokens <= margin * limits.max_pending_tokens
+        and usage.tokens_today + cost.tokens <= margin * limits.daily_token_budget
+    )

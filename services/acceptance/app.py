@@ -21,6 +21,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.acceptance import metrics, openapi
+from services.acceptance.accept import Acceptor
 from services.acceptance.auth import Authenticator
 from services.acceptance.documents import store_document
 from services.acceptance.errors import ApiError, Unavailable
@@ -44,11 +45,14 @@ class Edge:
 
     def __init__(self, settings: AcceptanceSettings) -> None:
         self.settings = settings
-        self.pool = async_pool(settings.common, name="http")
+        # Autocommit: a single read or a single-statement write is one round trip; a multi-statement
+        # unit of work still opens its own transaction.
+        self.pool = async_pool(settings.common, name="http", autocommit=True)
         self.notifier = OutboxNotifier(self.pool)
         self.auth = Authenticator(self.pool, settings.auth_cache_seconds)
         self.parser = RequestParser(settings)
         self.jobs = JobService(self.pool, self.notifier, settings)
+        self.acceptor = Acceptor(self.pool, self.notifier, settings)
         self.openapi = openapi.build(settings)
 
     async def tenant(self, request: Request) -> Tenant:
@@ -89,7 +93,7 @@ def build_routes(edge: Edge) -> list[BaseRoute]:
         _only_query(request)
         body = await edge.json_body(request)
         key = validate_key(request.headers.get("idempotency-key"))
-        accepted = await edge.jobs.accept(tenant, key, edge.parser.create_job(body))
+        accepted = await edge.acceptor.accept(tenant, key, edge.parser.create_job(body))
         headers = {"Location": accepted.body["status_url"]}
         if accepted.replay:
             headers["Idempotent-Replayed"] = "true"

@@ -14,8 +14,8 @@ SyncPool = ConnectionPool[Connection[DictRow]]
 AsyncPool = AsyncConnectionPool[AsyncConnection[DictRow]]
 
 
-def _kwargs(name: str) -> dict[str, Any]:
-    return {"application_name": f"fatura-{name}", "row_factory": dict_row}
+def _kwargs(name: str, autocommit: bool = False) -> dict[str, Any]:
+    return {"application_name": f"fatura-{name}", "row_factory": dict_row, "autocommit": autocommit}
 
 
 def sync_pool(settings: CommonSettings, *, name: str, max_size: int | None = None) -> SyncPool:
@@ -33,7 +33,9 @@ def sync_pool(settings: CommonSettings, *, name: str, max_size: int | None = Non
     )
 
 
-def async_pool(settings: CommonSettings, *, name: str, max_size: int | None = None) -> AsyncPool:
+def async_pool(
+    settings: CommonSettings, *, name: str, max_size: int | None = None, autocommit: bool = False
+) -> AsyncPool:
     """An asyncio pool (HTTP edge). Open it in the application's lifespan."""
     size = max_size or settings.db_pool_max
     return AsyncConnectionPool(
@@ -41,7 +43,7 @@ def async_pool(settings: CommonSettings, *, name: str, max_size: int | None = No
         connection_class=AsyncConnection[DictRow],
         min_size=min(settings.db_pool_min, size),
         max_size=size,
-        kwargs=_kwargs(name),
+        kwargs=_kwargs(name, autocommit),
         name=name,
         open=False,
         timeout=10.0,

@@ -108,7 +108,7 @@ class AsyncUnitOfWork:
 class OutboxNotifier:
     """Coalesces relay wake-ups: many commits within ``window`` seconds send one NOTIFY."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], window: float = 0.005) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], window: float = 0.05) -> None:
         self._pool = pool
         self._window = window
         self._pending: asyncio.Task[None] | None = None
@@ -121,8 +121,12 @@ class OutboxNotifier:
         await asyncio.sleep(self._window)
         # The relay's periodic sweep covers a lost wake-up, so failure here is only latency.
         try:
-            async with self._pool.connection() as conn, conn.transaction():
-                await conn.execute(Q["notify_outbox"])
+            async with self._pool.connection() as conn:
+                if conn.autocommit:
+                    await conn.execute(Q["notify_outbox"])
+                else:
+                    async with conn.transaction():
+                        await conn.execute(Q["notify_outbox"])
         except (psycopg.Error, PoolTimeout):
             return
 

@@ -10,6 +10,7 @@ from services.acceptance.admission import (
     JobCost,
     TenantLimits,
     Usage,
+    comfortably_within,
     decide,
     estimate_tokens,
     seconds_until_next_utc_day,
@@ -83,3 +84,16 @@ def test_token_estimate_is_input_plus_prompt_plus_output_cap() -> None:
 def test_seconds_until_midnight_is_never_zero() -> None:
     assert seconds_until_next_utc_day(datetime(2026, 1, 1, 0, 0, 0, tzinfo=UTC)) == 86_400
     assert seconds_until_next_utc_day(datetime(2026, 1, 1, 23, 59, 59, 999_999, tzinfo=UTC)) == 1
+
+
+def test_a_worker_may_skip_the_read_only_far_from_every_limit() -> None:
+    far = _usage(pending_jobs=1, pending_bytes=1000, pending_tokens=10_000, system_pending_jobs=10)
+    assert comfortably_within(LIMITS, far, COST, max_system_backlog=1000)
+    for near in (
+        _usage(pending_jobs=9),
+        _usage(pending_bytes=8001),
+        _usage(pending_tokens=87_001),
+        _usage(tokens_today=897_001),
+        _usage(system_pending_jobs=900),
+    ):
+        assert not comfortably_within(LIMITS, near, COST, max_system_backlog=1000), near

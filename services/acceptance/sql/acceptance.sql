@@ -33,12 +33,6 @@ FROM (SELECT coalesce(sum(pending_jobs), 0)::bigint AS pending_jobs,
       FROM daily_token_usage
       WHERE tenant_id = %(tenant_id)s AND day = (now() AT TIME ZONE 'UTC')::date) d
 
--- name: insert_inline_document
--- The id of an inline document is derived from the idempotency key, so a replay writes nothing.
-INSERT INTO documents (tenant_id, id, version, sha256, size_bytes, filename, text)
-VALUES (%(tenant_id)s, %(document_id)s, 1, %(sha256)s, %(size_bytes)s, %(filename)s, %(text)s)
-ON CONFLICT (tenant_id, id, version) DO NOTHING
-
 -- name: insert_document
 INSERT INTO documents (tenant_id, id, version, sha256, size_bytes, filename, text)
 VALUES (%(tenant_id)s, %(document_id)s, 1, %(sha256)s, %(size_bytes)s, %(filename)s, %(text)s)
@@ -54,18 +48,37 @@ WHERE tenant_id = %(tenant_id)s AND id = %(document_id)s
 HAVING count(*) > 0
 RETURNING id, version, sha256, size_bytes, filename
 
--- name: insert_job
-INSERT INTO extraction_jobs (
-    id, tenant_id, idempotency_key, request_hash, document_id, document_version, object_version,
-    doc_bytes, estimated_tokens, schema_version, policy_version, model_policy, options, priority,
-    state, state_version, deadline_at)
-VALUES (
-    %(id)s, %(tenant_id)s, %(idempotency_key)s, %(request_hash)s, %(document_id)s,
-    %(document_version)s, %(object_version)s, %(doc_bytes)s, %(estimated_tokens)s,
-    %(schema_version)s, %(policy_version)s, %(model_policy)s, %(options)s, %(priority)s,
-    'READY', 1, now() + make_interval(secs => %(deadline_seconds)s))
-ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
-RETURNING id, state, state_version, request_hash, priority, created_at
+-- name: accept_job
+-- The whole acceptance as one atomic statement. The job row is inserted unless a request with the
+-- same idempotency key came first; the inline document, the job event and the outbox event are
+-- inserted only together with it (they select from `job`), so a replay or a conflict writes
+-- nothing. The foreign key from the job to its document is checked at the end of the statement.
+WITH job AS (
+    INSERT INTO extraction_jobs (
+        id, tenant_id, idempotency_key, request_hash, document_id, document_version, object_version,
+        doc_bytes, estimated_tokens, schema_version, policy_version, model_policy, options, priority,
+        state, state_version, deadline_at)
+    VALUES (
+        %(job_id)s, %(tenant_id)s, %(idempotency_key)s, %(request_hash)s, %(document_id)s,
+        %(document_version)s, %(sha256)s, %(size_bytes)s, %(estimated_tokens)s,
+        %(schema_version)s, %(policy_version)s, %(model_policy)s, %(options)s, %(priority)s,
+        %(state)s, %(state_version)s, now() + make_interval(secs => %(deadline_seconds)s))
+    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+    RETURNING id, state, state_version, request_hash, priority, created_at
+), document AS (
+    INSERT INTO documents (tenant_id, id, version, sha256, size_bytes, filename, text)
+    SELECT %(tenant_id)s, %(document_id)s, 1, %(sha256)s, %(size_bytes)s, %(filename)s, %(text)s
+    FROM job
+    WHERE %(inline)s
+    ON CONFLICT (tenant_id, id, version) DO NOTHING
+), job_event AS (
+    INSERT INTO job_events (tenant_id, job_id, state, state_version, detail)
+    SELECT %(tenant_id)s, id, %(state)s, %(state_version)s, %(detail)s FROM job
+), outbox_event AS (
+    INSERT INTO outbox_events (event_id, tenant_id, job_id, event_type, payload)
+    SELECT %(event_id)s, %(tenant_id)s, id, %(event_type)s, %(payload)s FROM job
+)
+SELECT id, state, state_version, request_hash, priority, created_at FROM job
 
 -- name: job_by_key
 SELECT id, state, state_version, request_hash, priority, created_at

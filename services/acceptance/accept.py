@@ -1,0 +1,298 @@
+"""Accepting an extraction job (DESIGN §2 step 1, §5.1, §5.2).
+
+The write is one atomic statement (writable CTEs): the inline document, the job row ``READY``, its
+job event and its ``extraction.requested.v1`` outbox event, the last three only when the job row
+itself was inserted, i.e. when no request with this idempotency key came first. It is the unit of
+work in a single round trip; its event rows carry the same :class:`JobChange` parameters the unit
+of work writes. Nothing else happens inside the request: no broker call, no model call.
+
+Admission reads counters that are exact at the moment of reading. A worker keeps what it last read
+for a fraction of a second and skips the read while a job fits comfortably within every limit;
+near a limit it always reads afresh, so caps hold as tightly as concurrency allows.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from services.acceptance import admission, metrics, views
+from services.acceptance.errors import ApiError, Conflict, Unprocessable
+from services.acceptance.idempotency import request_hash
+from services.acceptance.queries import Q
+from services.acceptance.requests import CreateJob, DocumentBody
+from services.acceptance.settings import AcceptanceSettings
+from services.acceptance.tenants import Tenant
+from services.common import events, states
+from services.common.ids import new_id
+from services.common.uow import JobChange, OutboxNotifier
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Accepted:
+    body: JSON
+    replay: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything about the new job that is known before it is written."""
+
+    document_id: uuid.UUID
+    document_version: int
+    digest: str
+    request_hash: str
+    model_policy: str
+    cost: admission.JobCost
+
+
+class UsageCache:
+    """The admission counters this worker last read, per tenant, with the jobs it accepted since."""
+
+    def __init__(self, ttl_seconds: float) -> None:
+        self._ttl = ttl_seconds
+        self._entries: dict[uuid.UUID, tuple[float, admission.Usage]] = {}
+
+    def recent(self, tenant_id: uuid.UUID) -> admission.Usage | None:
+        entry = self._entries.get(tenant_id)
+        if entry is None or time.monotonic() - entry[0] > self._ttl:
+            return None
+        return entry[1]
+
+    def remember(self, tenant_id: uuid.UUID, usage: admission.Usage) -> None:
+        if self._ttl > 0:
+            self._entries[tenant_id] = (time.monotonic(), usage)
+
+    def charge(self, tenant_id: uuid.UUID, cost: admission.JobCost) -> None:
+        entry = self._entries.get(tenant_id)
+        if entry is not None:
+            u = entry[1]
+            self._entries[tenant_id] = (
+                entry[0],
+                replace(
+                    u,
+                    pending_jobs=u.pending_jobs + 1,
+                    pending_bytes=u.pending_bytes + cost.bytes,
+                    pending_tokens=u.pending_tokens + cost.tokens,
+                    tokens_today=u.tokens_today + cost.tokens,
+                    system_pending_jobs=u.system_pending_jobs + 1,
+                ),
+            )
+
+
+class Acceptor:
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], notifier: OutboxNotifier | None, settings: AcceptanceSettings
+    ) -> None:
+        self._pool = pool
+        self._notifier = notifier
+        self._settings = settings
+        self._usage = UsageCache(settings.admission_cache_seconds)
+
+    async def accept(self, tenant: Tenant, key: str, request: CreateJob) -> Accepted:
+        plan: Plan | None = None
+        if isinstance(request.document, DocumentBody):
+            plan = plan_job(
+                self._settings, tenant.id, key, request, request.document.size_bytes, request.document.sha256
+            )
+            usage = self._usage.recent(tenant.id)
+            if usage is not None and self._comfortable(tenant, usage, plan.cost):
+                # Far from every limit: a replay of this key is caught by the write itself.
+                return await self._write(tenant, key, request, plan, usage)
+        return await self._accept_after_reading(tenant, key, request, plan)
+
+    async def _accept_after_reading(
+        self, tenant: Tenant, key: str, request: CreateJob, plan: Plan | None
+    ) -> Accepted:
+        """The careful path: read the key's job, the document and the counters, then decide."""
+        ref_id = None if isinstance(request.document, DocumentBody) else request.document.document_id
+        ref_version = 1 if isinstance(request.document, DocumentBody) else request.document.version
+        async with self._pool.connection() as conn:
+            snapshot = await (
+                await conn.execute(
+                    Q["admission_snapshot"],
+                    {
+                        "tenant_id": tenant.id,
+                        "idempotency_key": key,
+                        "document_id": ref_id,
+                        "document_version": ref_version,
+                    },
+                )
+            ).fetchone()
+        assert snapshot is not None  # an aggregate query always returns one row
+        usage = admission.Usage(
+            pending_jobs=snapshot["pending_jobs"],
+            pending_bytes=snapshot["pending_bytes"],
+            pending_tokens=snapshot["pending_tokens"],
+            tokens_today=snapshot["tokens_today"],
+            system_pending_jobs=snapshot["system_pending_jobs"],
+        )
+        self._usage.remember(tenant.id, usage)
+
+        if plan is None:
+            stored = snapshot["document"]
+            if stored is None:
+                raise Unprocessable(
+                    f"there is no document {ref_id} version {ref_version} for this tenant",
+                    code="document_not_found",
+                )
+            plan = plan_job(
+                self._settings, tenant.id, key, request, int(stored["size_bytes"]), str(stored["sha256"])
+            )
+        if snapshot["existing"] is not None:
+            existing = snapshot["existing"]
+            existing = {**existing, "id": uuid.UUID(existing["id"])}
+            return self._replay(existing, plan.request_hash, self._estimated_seconds(usage))
+        rejection = admission.decide(
+            tenant.limits,
+            usage,
+            plan.cost,
+            max_system_backlog=self._settings.max_system_backlog,
+            now=datetime.now(UTC),
+            quota_retry_after=self._settings.admission_retry_after_seconds,
+            backlog_retry_after=self._settings.backlog_retry_after_seconds,
+        )
+        if rejection is not None:
+            metrics.ADMISSION_REJECTIONS.labels(rejection.limit).inc()
+            raise _refusal(rejection)
+        return await self._write(tenant, key, request, plan, usage)
+
+    def _comfortable(self, tenant: Tenant, usage: admission.Usage, cost: admission.JobCost) -> bool:
+        return admission.comfortably_within(
+            tenant.limits, usage, cost, max_system_backlog=self._settings.max_system_backlog
+        )
+
+    async def _write(
+        self, tenant: Tenant, key: str, request: CreateJob, plan: Plan, usage: admission.Usage
+    ) -> Accepted:
+        params = write_params(self._settings, tenant.id, key, request, plan, new_id())
+        async with self._pool.connection() as conn:
+            row = await (await conn.execute(Q["accept_job"], params)).fetchone()
+            if row is None:
+                # The key was taken first (now, or by an earlier request): answer as its replay.
+                existing = await (
+                    await conn.execute(Q["job_by_key"], {"tenant_id": tenant.id, "idempotency_key": key})
+                ).fetchone()
+        estimated = self._estimated_seconds(usage)
+        if row is None:
+            if existing is None:  # the other request rolled back after all; the client may retry
+                raise Conflict(
+                    "a concurrent request with the same Idempotency-Key did not complete; retry",
+                    code="idempotency_key_in_flight",
+                )
+            return self._replay(existing, plan.request_hash, estimated)
+        self._usage.charge(tenant.id, plan.cost)
+        if self._notifier is not None:
+            self._notifier.poke()
+        metrics.JOBS_ACCEPTED.labels(request.priority).inc()
+        return Accepted(views.accepted_body(row, estimated_seconds=estimated, replay=False), replay=False)
+
+    def _replay(self, existing: JSON, wanted_hash: str, estimated: int) -> Accepted:
+        if existing["request_hash"] != wanted_hash:
+            metrics.IDEMPOTENCY_CONFLICTS.inc()
+            raise Conflict(
+                f"this Idempotency-Key was already used for job {existing['id']} with a different request; "
+                "use a new key for a different request",
+                code="idempotency_key_reused",
+                details={"job_id": str(existing["id"]), "status_url": views.status_url(existing["id"])},
+            )
+        metrics.IDEMPOTENT_REPLAYS.inc()
+        return Accepted(views.accepted_body(existing, estimated_seconds=estimated, replay=True), replay=True)
+
+    def _estimated_seconds(self, usage: admission.Usage) -> int:
+        return math.ceil(20 + usage.pending_jobs / self._settings.expected_jobs_per_second)
+
+
+def plan_job(
+    settings: AcceptanceSettings, tenant_id: uuid.UUID, key: str, request: CreateJob, size: int, digest: str
+) -> Plan:
+    """The new job's document identity, request hash and admission cost. Pure."""
+    if isinstance(request.document, DocumentBody):
+        # The id of an inline document is derived from the key, so a replay writes nothing.
+        document_id, version, document_key = uuid.uuid5(tenant_id, f"inline:{key}"), 1, "inline"
+    else:
+        document_id, version = request.document.document_id, request.document.version
+        document_key = f"{document_id}@{version}"
+    model_policy = str(request.options.get("model_policy", settings.model_policy))
+    return Plan(
+        document_id=document_id,
+        document_version=version,
+        digest=digest,
+        request_hash=request_hash(
+            document_key=document_key,
+            object_version=digest,
+            schema=request.schema,
+            model_policy=model_policy,
+            policy_version=settings.policy_version,
+            options=request.options,
+        ),
+        model_policy=model_policy,
+        cost=admission.JobCost(
+            bytes=size,
+            tokens=admission.estimate_tokens(
+                size, prompt_overhead=settings.prompt_overhead_tokens, max_output=settings.max_output_tokens
+            ),
+        ),
+    )
+
+
+def write_params(
+    settings: AcceptanceSettings,
+    tenant_id: uuid.UUID,
+    key: str,
+    request: CreateJob,
+    plan: Plan,
+    job_id: uuid.UUID,
+) -> dict[str, Any]:
+    """Parameters of ``accept_job``: the job row plus the JobChange the unit of work would record."""
+    change = JobChange(
+        tenant_id=tenant_id,
+        job_id=job_id,
+        state=states.READY,
+        state_version=1,
+        event_type=events.EXTRACTION_REQUESTED,
+    )
+    inline = request.document if isinstance(request.document, DocumentBody) else None
+    return {
+        **change.params(),
+        "inline": inline is not None,
+        "document_id": plan.document_id,
+        "document_version": plan.document_version,
+        "sha256": plan.digest,
+        "size_bytes": plan.cost.bytes,
+        "filename": inline.filename if inline else None,
+        "text": inline.text if inline else None,
+        "idempotency_key": key,
+        "request_hash": plan.request_hash,
+        "estimated_tokens": plan.cost.tokens,
+        "schema_version": request.schema,
+        "policy_version": settings.policy_version,
+        "model_policy": plan.model_policy,
+        "options": Jsonb(request.options),
+        "priority": request.priority,
+        "deadline_seconds": request.deadline_seconds,
+    }
+
+
+def _refusal(rejection: admission.Rejection) -> ApiError:
+    return ApiError(
+        rejection.message,
+        status=rejection.status,
+        code="system_backlog_full" if rejection.status == 503 else "tenant_quota_exceeded",
+        headers={"Retry-After": str(rejection.retry_after_seconds)},
+        details={
+            "limit": rejection.limit,
+            "current": rejection.current,
+            "maximum": rejection.maximum,
+            "retry_after_seconds": rejection.retry_after_seconds,
+        },
+    )
