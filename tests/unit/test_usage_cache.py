@@ -9,7 +9,9 @@ from services.acceptance.accept import UsageCache
 from services.acceptance.admission import JobCost, Usage
 
 TENANT = uuid.uuid4()
-USAGE = Usage(pending_jobs=5, pending_bytes=500, pending_tokens=5000, tokens_today=7000, system_pending_jobs=50)
+USAGE = Usage(
+    pending_jobs=5, pending_bytes=500, pending_tokens=5000, tokens_today=7000, system_pending_jobs=50
+)
 
 
 def test_a_remembered_view_is_used_until_it_is_older_than_its_ttl() -> None:
