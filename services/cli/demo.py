@@ -47,7 +47,7 @@ def register(sub: Any) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    console = Console()
+    console = Console() if Console().is_terminal else Console(width=110)
     settings = AcceptanceSettings.from_env()
     problems = check_dependencies(settings.common)
     if problems:
@@ -146,6 +146,7 @@ def _run_pipeline(console: Console, settings: AcceptanceSettings, base_url: str,
                     if finished or time.monotonic() > deadline:
                         break
                     time.sleep(0.5)
+            console.print()
 
     done = sum(1 for s in statuses.values() if s["done"])
     handed_on = sum(published.values())
@@ -172,17 +173,17 @@ def _submit(client: httpx.Client, sample: Sample, run_id: str) -> httpx.Response
 
 def _table(samples: list[Sample], statuses: dict[str, dict[str, Any]], published: dict[str, bool]) -> Table:
     table = Table(title="Sample invoices", expand=False)
-    table.add_column("invoice")
-    table.add_column("job")
-    table.add_column("state")
-    table.add_column("done")
-    table.add_column("event published")
-    table.add_column("a correct pipeline ends in")
+    table.add_column("invoice", no_wrap=True)
+    table.add_column("job", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("done", no_wrap=True, min_width=4)
+    table.add_column("published", no_wrap=True, min_width=9)
+    table.add_column("should end in", no_wrap=True)
     for sample in samples:
         status = statuses.get(sample.filename, {})
         table.add_row(
-            sample.filename,
-            str(status.get("job_id", ""))[-12:],
+            sample.filename.removesuffix(".txt"),
+            "…" + str(status.get("job_id", ""))[-6:],
             str(status.get("state", "")),
             "yes" if status.get("done") else "no",
             "yes" if published.get(sample.filename) else "waiting",
