@@ -51,7 +51,7 @@ class Edge:
         self.notifier = OutboxNotifier(self.pool)
         self.auth = Authenticator(self.pool, settings.auth_cache_seconds)
         self.parser = RequestParser(settings)
-        self.jobs = JobService(self.pool, self.notifier, settings)
+        self.jobs = JobService(self.pool, self.notifier)
         self.acceptor = Acceptor(self.pool, self.notifier, settings)
         self.openapi = openapi.build(settings)
 

@@ -14,7 +14,6 @@ from psycopg_pool import AsyncConnectionPool
 from services.acceptance import metrics, views
 from services.acceptance.errors import ApiError, Conflict, NotFound
 from services.acceptance.queries import Q
-from services.acceptance.settings import AcceptanceSettings
 from services.acceptance.tenants import Tenant
 from services.common import events, states
 from services.common.uow import JobChange, OutboxNotifier, async_unit_of_work
@@ -25,12 +24,9 @@ _FIRST_PAGE = (datetime.max.replace(tzinfo=UTC), uuid.UUID(int=(1 << 128) - 1))
 
 
 class JobService:
-    def __init__(
-        self, pool: AsyncConnectionPool[Any], notifier: OutboxNotifier | None, settings: AcceptanceSettings
-    ) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], notifier: OutboxNotifier | None) -> None:
         self._pool = pool
         self._notifier = notifier
-        self._settings = settings
 
     async def get(self, tenant: Tenant, job_id: uuid.UUID | None) -> JSON:
         if job_id is None:
