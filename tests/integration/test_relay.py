@@ -8,11 +8,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 import httpx
-import pika
-import pika.exceptions
 import pytest
 
-from fix_amqp import AMQP_URL, Delivered, QueueReader
+from fix_amqp import Delivered, QueueReader
 from fix_api import SubmitFn
 from fix_db import SyncPool, TenantHandle
 from fix_processes import ServiceProcess, SpawnFn, free_port
@@ -158,25 +156,6 @@ def test_two_relays_at_once_publish_every_event_exactly_once(
     counts = Counter(m.message_id for m in delivered)
     assert set(counts) == ids
     assert max(counts.values()) == 1
-
-
-def test_work_queues_are_quorum_queues(
-    start_relay: StartRelay, submit: SubmitFn, tenant: TenantHandle, pool: SyncPool, queue_prefix: str
-) -> None:
-    """Declaring the relay's queue as a classic queue is refused: its type was fixed as quorum."""
-    start_relay()
-    submit(tenant)
-    _wait_published(pool, tenant)
-    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-    try:
-        channel = connection.channel()
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
-            channel.queue_declare(
-                f"{queue_prefix}.inference.ingest", durable=True, arguments={"x-queue-type": "classic"}
-            )
-        assert refused.value.reply_code == 406
-    finally:
-        connection.close()
 
 
 def test_an_event_type_nobody_consumes_is_never_marked_published(
