@@ -12,7 +12,6 @@ class ProcessSpec:
     name: str
     target: str  # "package.module:function", called with no arguments
     description: str
-    health_url: str | None = None  # polled by `fatura up` / `fatura demo` to know it is ready
 
     def load(self) -> Callable[[], int | None]:
         module_name, _, attr = self.target.partition(":")

@@ -18,8 +18,10 @@ import psycopg
 import redis
 from pika.exceptions import AMQPError
 
+from services.acceptance.settings import AcceptanceSettings, RelaySettings
 from services.cli.processes import PROCESSES, ProcessSpec
-from services.common.settings import CommonSettings, env_int
+from services.common.settings import CommonSettings
+from services.limiter.settings import LimiterSettings
 
 START_COMMANDS = {
     "PostgreSQL": "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
@@ -67,15 +69,15 @@ def _first_line(exc: BaseException) -> str:
 
 
 def ready_url(name: str) -> str | None:
-    """Where to ask whether a process of the stack is ready."""
-    env = os.environ
+    """Where to ask whether a process of the stack is ready, from that process's own settings."""
     if name == "http":
-        host = env.get("FATURA_HTTP_HOST") or "127.0.0.1"
-        return f"http://{host}:{env_int(env, 'FATURA_HTTP_PORT', 8080)}/readyz"
+        http = AcceptanceSettings.from_env()
+        return f"http://{http.http_host}:{http.http_port}/readyz"
     if name == "relay":
-        return f"http://127.0.0.1:{env_int(env, 'FATURA_RELAY_METRICS_PORT', 9181)}/readyz"
+        return f"http://127.0.0.1:{RelaySettings.from_env().metrics_port}/readyz"
     if name == "limiter":
-        return f"http://127.0.0.1:{env_int(env, 'FATURA_LIMITER_METRICS_PORT', 9182)}/readyz"
+        limiter = LimiterSettings.from_env()
+        return f"http://{limiter.host}:{limiter.metrics_port}/readyz"
     return None
 
 
