@@ -1,6 +1,6 @@
 """Shared fixtures. Tests talk to the real PostgreSQL, RabbitMQ and Redis on this machine.
 
-Each run gets its own database (``fatura_test``) and its own RabbitMQ queue prefix, so a test run
+Each run gets its own database (``fatura_test_<random>``, dropped at the end) and its own RabbitMQ queue prefix, so a test run
 and a running demo never see each other's data.
 """
 

@@ -18,7 +18,10 @@ from services.common.db import SyncPool, sync_pool
 from services.common.migrate import migrate
 from services.common.settings import CommonSettings
 
-BASE_URL = os.environ.get("FATURA_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/fatura_test")
+# Each run gets a database of its own, so several runs on one machine never see each other's rows.
+BASE_URL = os.environ.get(
+    "FATURA_TEST_DATABASE_URL", f"postgresql://postgres@127.0.0.1:5432/fatura_test_{uuid.uuid4().hex[:8]}"
+)
 
 
 def recreate_database(url: str) -> str:
@@ -37,10 +40,12 @@ def drop_database(url: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def database_url() -> str:
+def database_url() -> Iterator[str]:
     url = recreate_database(BASE_URL)
     migrate(url)
-    return url
+    yield url
+    if "FATURA_TEST_DATABASE_URL" not in os.environ:
+        drop_database(url)
 
 
 @pytest.fixture(scope="session")

@@ -105,7 +105,7 @@ def test_daily_token_budget_answers_429_until_midnight_utc_and_a_cancel_refunds_
 @pytest.fixture(scope="module")
 def small_system(spawn: SpawnFn, database_url: str) -> Iterator[tuple[ServiceProcess, str]]:
     """An edge on a database of its own whose whole system may hold only 2 runnable jobs."""
-    url = database_url.rsplit("/", 1)[0] + "/fatura_test_backlog"
+    url = database_url + "_backlog"
     recreate_database(url)
     migrate(url)
     edge = start_edge(spawn, workers=1, FATURA_DATABASE_URL=url, FATURA_MAX_SYSTEM_BACKLOG="2")

@@ -18,7 +18,7 @@ from services.common.migrate import MigrationError, discover, migrate
 
 @pytest.fixture
 def scratch_url(database_url: str) -> Iterator[str]:
-    url = database_url.rsplit("/", 1)[0] + "/fatura_test_migrations"
+    url = database_url + "_migrations"
     drop_database(url)
     yield url
     drop_database(url)
