@@ -85,3 +85,12 @@ class RelaySettings:
             metrics_port=env_int(env, "FATURA_RELAY_METRICS_PORT", 9181, lo=0, hi=65535),
             relay_id=env_str(env, "FATURA_RELAY_ID", f"{socket.gethostname()}:{os.getpid()}"),
         )
+
+
+def http_ready_url() -> str:
+    http = AcceptanceSettings.from_env()
+    return f"http://{http.http_host}:{http.http_port}/readyz"
+
+
+def relay_ready_url() -> str:
+    return f"http://127.0.0.1:{RelaySettings.from_env().metrics_port}/readyz"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -12,11 +13,24 @@ class ProcessSpec:
     name: str
     target: str  # "package.module:function", called with no arguments
     description: str
+    # "package.module:function" returning the process's /readyz URL from its own settings.
+    ready: str | None = None
 
     def load(self) -> Callable[[], int | None]:
-        module_name, _, attr = self.target.partition(":")
-        function: Callable[[], int | None] = getattr(importlib.import_module(module_name), attr)
+        function: Callable[[], int | None] = _resolve(self.target)
         return function
+
+    def ready_url(self) -> str | None:
+        if self.ready is None:
+            return None
+        function: Callable[[], str] = _resolve(self.ready)
+        return function()
+
+
+def _resolve(target: str) -> Callable[..., Any]:
+    module_name, _, attr = target.partition(":")
+    function: Callable[..., Any] = getattr(importlib.import_module(module_name), attr)
+    return function
 
 
 # Order matters: `fatura up` starts them in this order and stops them in reverse.
@@ -25,16 +39,19 @@ PROCESSES: tuple[ProcessSpec, ...] = (
         "limiter",
         "services.limiter.server:main",
         "limiter: gRPC LimiterService (:50052)",
+        "services.limiter.settings:ready_url",
     ),
     ProcessSpec(
         "http",
         "services.acceptance.server:main",
         "acceptance: HTTP edge (:8080)",
+        "services.acceptance.settings:http_ready_url",
     ),
     ProcessSpec(
         "relay",
         "services.acceptance.relay:main",
         "acceptance: outbox relay to RabbitMQ",
+        "services.acceptance.settings:relay_ready_url",
     ),
 )
 

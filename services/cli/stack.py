@@ -18,10 +18,8 @@ import psycopg
 import redis
 from pika.exceptions import AMQPError
 
-from services.acceptance.settings import AcceptanceSettings, RelaySettings
-from services.cli.processes import PROCESSES, ProcessSpec
+from services.cli.processes import PROCESSES, ProcessSpec, by_name
 from services.common.settings import CommonSettings
-from services.limiter.settings import LimiterSettings
 
 START_COMMANDS = {
     "PostgreSQL": "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
@@ -70,15 +68,7 @@ def _first_line(exc: BaseException) -> str:
 
 def ready_url(name: str) -> str | None:
     """Where to ask whether a process of the stack is ready, from that process's own settings."""
-    if name == "http":
-        http = AcceptanceSettings.from_env()
-        return f"http://{http.http_host}:{http.http_port}/readyz"
-    if name == "relay":
-        return f"http://127.0.0.1:{RelaySettings.from_env().metrics_port}/readyz"
-    if name == "limiter":
-        limiter = LimiterSettings.from_env()
-        return f"http://{limiter.host}:{limiter.metrics_port}/readyz"
-    return None
+    return by_name(name).ready_url()
 
 
 @dataclass

@@ -83,3 +83,8 @@ class LimiterSettings:
                 env, "FATURA_LIMITER_UNAVAILABLE_RETRY_MS", cls.unavailable_retry_ms, lo=1, hi=3_600_000
             ),
         )
+
+
+def ready_url() -> str:
+    limiter = LimiterSettings.from_env()
+    return f"http://{limiter.host}:{limiter.metrics_port}/readyz"
