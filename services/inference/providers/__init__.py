@@ -1,0 +1,1 @@
+"""Calling the model: the interface the worker uses, and the gateway behind it."""

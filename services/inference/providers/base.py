@@ -1,0 +1,113 @@
+"""What the worker asks of a provider and what it gets back (no I/O here).
+
+The worker calls ``Provider.complete`` once per attempt. The answer says whether a request left the
+worker (for the limiter's refund rule, DESIGN §5.5), lists every hop made across the routing chain
+(each becomes a row in ``job_attempts``), and classifies a failure so the retry schedule can act on
+it. ``complete`` never raises for a provider problem: every failure is an outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Protocol
+
+
+class ErrorClass(StrEnum):
+    """Why a call gave no usable answer. Retryable classes may be retried within the budget."""
+
+    RATE_LIMITED = "rate_limited"  # 429
+    SERVER_ERROR = "server_error"  # 5xx
+    CONNECTION = "connection_error"
+    HEADER_TIMEOUT = "header_timeout"
+    DEADLINE = "deadline_exceeded"  # the attempt's own deadline passed mid-call
+    STREAM_ERROR = "stream_error"  # a decisive error frame inside a 200 stream
+    BAD_REQUEST = "bad_request"  # 400 / 422
+    UNAUTHORIZED = "unauthorized"  # 401 / 403
+    PAYMENT_REQUIRED = "payment_required"  # 402
+    NOT_FOUND = "not_found"  # 404 (model or route unknown)
+    BAD_RESPONSE = "bad_response"  # 2xx whose envelope is not a chat completion, or too large
+    NO_CHANNEL = "no_channel"  # every channel of the chain is open (circuit breaker) or unusable
+
+
+RETRYABLE = frozenset(
+    {
+        ErrorClass.RATE_LIMITED,
+        ErrorClass.SERVER_ERROR,
+        ErrorClass.CONNECTION,
+        ErrorClass.HEADER_TIMEOUT,
+        ErrorClass.DEADLINE,
+        ErrorClass.STREAM_ERROR,
+        ErrorClass.BAD_RESPONSE,
+        ErrorClass.NO_CHANNEL,
+    }
+)
+
+
+@dataclass(frozen=True)
+class ProviderRequest:
+    model: str  # the model asked for; never swapped for another
+    messages: list[dict[str, Any]]
+    max_output_tokens: int
+    deadline_s: float  # seconds this attempt may take in all, across every hop
+    request_id: str  # job id + attempt, sent as a header for tracing
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One HTTP exchange with one channel."""
+
+    channel: str
+    model: str  # the upstream model name that channel was asked for
+    started_at: datetime
+    ended_at: datetime
+    outcome: str  # "ok" or an ErrorClass value, or "skipped" (breaker open: nothing sent)
+    http_status: int | None = None
+    error_class: ErrorClass | None = None
+    retry_after_ms: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    latency_ms: int | None = None
+    sent: bool = True  # whether the request may have reached the provider
+
+
+@dataclass(frozen=True)
+class ProviderResult:
+    content: str | None  # the model's message content, when a hop answered
+    hops: list[Hop] = field(default_factory=list)
+    error_class: ErrorClass | None = None
+    error_message: str | None = None
+    retry_after_ms: int | None = None  # the largest Retry-After any hop was given
+    pool_throttled: bool = False  # a provider 429 was seen: report it to the limiter
+
+    @property
+    def ok(self) -> bool:
+        return self.content is not None
+
+    @property
+    def sent(self) -> bool:
+        return any(h.sent for h in self.hops)
+
+    @property
+    def answered(self) -> bool:
+        """Some hop got a complete answer, so reported usage is known."""
+        return any(h.outcome == "ok" for h in self.hops)
+
+    @property
+    def retryable(self) -> bool:
+        return self.error_class in RETRYABLE
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(h.input_tokens or 0 for h in self.hops)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(h.output_tokens or 0 for h in self.hops)
+
+
+class Provider(Protocol):
+    def complete(self, request: ProviderRequest) -> ProviderResult: ...
+
+    def close(self) -> None: ...
