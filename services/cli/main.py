@@ -19,6 +19,7 @@ _COMMAND_MODULES = (
     "services.cli.tenants",
     "services.cli.suppliers",
     "services.cli.bench",
+    "services.cli.sandbox",
 )
 
 
