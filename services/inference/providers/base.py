@@ -79,7 +79,10 @@ class ProviderResult:
     error_class: ErrorClass | None = None
     error_message: str | None = None
     retry_after_ms: int | None = None  # the largest Retry-After any hop was given
-    pool_throttled: bool = False  # a provider 429 was seen: report it to the limiter
+    # Set when nothing was sent because the limiter denied every usable channel: the job is
+    # deferred by this many ms, which is not an attempt (DESIGN §2 step 5).
+    deferred_ms: int | None = None
+    deferred_reason: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -107,7 +110,31 @@ class ProviderResult:
         return sum(h.output_tokens or 0 for h in self.hops)
 
 
+@dataclass(frozen=True)
+class PermitGranted:
+    permit_id: str
+
+
+@dataclass(frozen=True)
+class PermitDenied:
+    reason: str
+    retry_after_ms: int
+
+
+class Permits(Protocol):
+    """Limiter permits for one attempt, supplied by the worker (which also renews the permit it holds
+    from its heartbeat). The gateway asks for a permit on a channel's pool before each hop, releases
+    it after the hop with the outcome, and reports a provider 429 as a pool throttle."""
+
+    def acquire(self, pool: str) -> PermitGranted | PermitDenied: ...
+
+    def release(self, permit: PermitGranted, outcome: str, input_tokens: int, output_tokens: int) -> None:
+        """``outcome``: "COMPLETED" (answered), "NOT_SENT" (refund) or "UNKNOWN" (sent, no answer)."""
+
+    def throttle(self, pool: str, retry_after_ms: int) -> None: ...
+
+
 class Provider(Protocol):
-    def complete(self, request: ProviderRequest) -> ProviderResult: ...
+    def complete(self, request: ProviderRequest, permits: Permits) -> ProviderResult: ...
 
     def close(self) -> None: ...
