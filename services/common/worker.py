@@ -1,0 +1,71 @@
+"""Run a Dramatiq worker inside a ``fatura run`` process: the queues it consumes, its ops server,
+and a clean stop on SIGTERM/SIGINT.
+
+Prefetch equals the worker's threads, so a process never holds more unacked deliveries than it
+can work on (RabbitMQ requeues unacked deliveries only when the connection dies or after
+``consumer_timeout``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable, Collection
+
+from dramatiq import Worker
+
+from services.common.broker import QuorumRabbitmqBroker
+from services.common.ops_server import ReadyCheck, start_ops_server
+
+log = logging.getLogger(__name__)
+
+
+def stop_on_signals(stop: threading.Event, name: str) -> None:
+    def on_signal(signum: int, frame: object) -> None:
+        log.info("%s: signal %d, stopping", name, signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
+def run_worker(
+    broker: QuorumRabbitmqBroker,
+    *,
+    name: str,
+    queues: Collection[str],
+    threads: int,
+    metrics_port: int,
+    ready: ReadyCheck,
+    stop: threading.Event,
+    on_stop: Callable[[], None] | None = None,
+    worker_timeout_ms: int = 1000,
+) -> int:
+    """Consume ``queues`` until ``stop`` is set; returns the process exit code."""
+    ops = start_ops_server(metrics_port, ready) if metrics_port else None
+    for queue in queues:
+        broker.declare_queue(queue, ensure=True)
+    worker = Worker(
+        broker,
+        queues=set(queues),
+        worker_threads=threads,
+        worker_timeout=worker_timeout_ms,
+    )
+    # Dramatiq's defaults are twice the threads (and a thousand times for delay queues, which
+    # nothing here uses); set before start(), which opens the consumers.
+    worker.queue_prefetch = threads
+    worker.delay_prefetch = threads
+    worker.start()
+    log.info("%s: consuming %s with %d threads", name, sorted(queues), threads)
+    try:
+        stop.wait()
+    finally:
+        log.info("%s: finishing messages in hand", name)
+        worker.stop(timeout=30_000)
+        if on_stop is not None:
+            on_stop()
+        broker.close()
+        if ops is not None:
+            ops.shutdown()
+    return 0
