@@ -88,10 +88,10 @@ def parse_event(event: Any, accepted_types: Collection[str]) -> EventMessage:
     if not isinstance(event_type, str):
         raise BadMessage("malformed", "event_type is missing")
     if event_type not in accepted_types:
-        family, _, version = event_type.rpartition(".")
-        known_families = {t.rpartition(".")[0] for t in accepted_types}
-        if family in known_families:
-            raise BadMessage("unknown_version", f"{event_type!r}: this consumer reads {sorted(accepted_types)}")
+        family = event_type.rpartition(".")[0]
+        if family in {t.rpartition(".")[0] for t in accepted_types}:
+            known = sorted(accepted_types)
+            raise BadMessage("unknown_version", f"{event_type!r}: this consumer reads {known}")
         raise BadMessage("unknown_type", f"{event_type!r} is not an event this consumer reads")
     state = event.get("state")
     version = event.get("state_version")
