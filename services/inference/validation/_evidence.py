@@ -1,0 +1,190 @@
+"""The evidence rule: every extracted value must be re-found in the document the model read.
+
+A model can invent a value and a quote for it, so the quote is not trusted either (seed 000 §4):
+it must occur in the source text (whitespace and Unicode compatibility forms normalized), and it
+must contain the value in one of the forms a document writes it in. Each non-null scalar field
+that fails gets one ``evidence_missing`` reason naming the field and the problem.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable, Iterator, Mapping
+from datetime import date
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from ._model import Reason
+from ._parties import compact_iban, normalize_tax_id
+
+_SPACE = re.compile(r"\s+")
+_NUMBER = re.compile(r"\d+(?:[.,'\u2019\u00a0\u202f]\d+)*")
+# French and Swiss layouts group thousands with a plain space ("1 234,56"); tried as a second reading.
+_SPACED_NUMBER = re.compile(r"\d{1,3}(?: \d{3})+(?:[.,]\d+)?")
+_DIGITS = re.compile(r"\d+")
+_WORD = re.compile(r"[^\W\d_]+")
+
+MONTHS: tuple[tuple[str, ...], ...] = (
+    ("january", "januar", "janvier", "ocak", "enero", "gennaio", "januari"),
+    ("february", "februar", "fevrier", "subat", "febrero", "febbraio", "februari"),
+    ("march", "marz", "mars", "mart", "marzo", "maart"),
+    ("april", "avril", "nisan", "abril", "aprile"),
+    ("may", "mai", "mayis", "mayo", "maggio", "mei"),
+    ("june", "juni", "juin", "haziran", "junio", "giugno"),
+    ("july", "juli", "juillet", "temmuz", "julio", "luglio"),
+    ("august", "aout", "agustos", "agosto", "augustus"),
+    ("september", "septembre", "eylul", "septiembre", "settembre"),
+    ("october", "oktober", "octobre", "ekim", "octubre", "ottobre"),
+    ("november", "novembre", "kasim", "noviembre"),
+    ("december", "dezember", "decembre", "aralik", "diciembre", "dicembre"),
+)
+
+CURRENCY_SIGNS: Mapping[str, tuple[str, ...]] = {
+    "TRY": ("₺", "tl", "ytl"),
+    "EUR": ("€", "euro", "euros"),
+    "USD": ("$", "us$", "dollar", "dollars"),
+    "GBP": ("£", "pound", "pounds", "sterling"),
+    "JPY": ("¥", "円", "yen"),
+    "CHF": ("fr.", "sfr"),
+}
+
+
+def normalize_space(text: str) -> str:
+    """NFKC, every whitespace run (line breaks, form feeds, tabs) as one space, trimmed."""
+    return _SPACE.sub(" ", unicodedata.normalize("NFKC", text)).strip()
+
+
+def skeleton(text: str) -> str:
+    """Case-, accent- and whitespace-blind form for comparing names ("KIRTASİYE" ~ "Kırtasiye")."""
+    decomposed = unicodedata.normalize("NFKD", text)
+    bare = "".join(c for c in decomposed if not unicodedata.combining(c))
+    return _SPACE.sub(" ", bare.replace("ı", "i").casefold()).strip()
+
+
+def number_readings(text: str) -> set[Decimal]:
+    """Every number the text may state, each token read as 1.234,56 and as 1,234.56."""
+    readings: set[Decimal] = set()
+    tokens = [*_NUMBER.findall(text), *(t.replace(" ", "") for t in _SPACED_NUMBER.findall(text))]
+    for token in tokens:
+        readings.update(_token_readings(token))
+    return readings
+
+
+def _token_readings(token: str) -> Iterator[Decimal]:
+    if _grouped(token):
+        yield Decimal(re.sub(r"\D", "", token))
+    for point in ".,":
+        whole, sep, fraction = token.rpartition(point)
+        if sep and fraction.isdigit() and point not in whole and _grouped(whole):
+            yield Decimal(re.sub(r"\D", "", whole) + "." + fraction)
+
+
+def _grouped(token: str) -> bool:
+    """Digits, optionally in thousands groups with one kind of separator."""
+    separators = set(re.sub(r"\d", "", token))
+    if not separators:
+        return token.isdigit()
+    if len(separators) > 1:
+        return False
+    head, *groups = re.split(r"\D", token)
+    return 1 <= len(head) <= 3 and all(len(g) == 3 for g in groups)
+
+
+def _number_in(value: str, quote: str, *, rate: bool = False) -> bool:
+    try:
+        wanted = abs(Decimal(value))
+    except InvalidOperation:
+        return False
+    # A rate may be written as a fraction ("0.20") for a percent the document states ("%20").
+    targets = {wanted, wanted * 100} if rate else {wanted}
+    return not targets.isdisjoint(number_readings(quote))
+
+
+def _date_in(value: str, quote: str) -> bool:
+    try:
+        day = date.fromisoformat(value)
+    except ValueError:
+        return False
+    numbers = [int(d) for d in _DIGITS.findall(quote) if len(d) <= 4]
+    year_ok = day.year in numbers or any(
+        len(d) == 2 and int(d) == day.year % 100 for d in _DIGITS.findall(quote)
+    )
+    words = _WORD.findall(skeleton(quote))
+    month_ok = day.month in numbers or any(
+        len(w) >= 3 and name.startswith(w) for w in words for name in MONTHS[day.month - 1]
+    )
+    return year_ok and month_ok and day.day in numbers
+
+
+def _currency_in(value: str, quote: str) -> bool:
+    folded = skeleton(quote)
+    words = set(_WORD.findall(folded))
+    if value.casefold() in words:
+        return True
+    # ASCII words must stand alone ("tl", not the end of "total"); symbols and CJK may touch digits.
+    signs = CURRENCY_SIGNS.get(value, ())
+    return any((sign in words) if sign.isascii() and sign.isalpha() else (sign in folded) for sign in signs)
+
+
+def _text_in(value: str, quote: str) -> bool:
+    return skeleton(value) in skeleton(quote)
+
+
+def _tax_id_in(value: str, quote: str) -> bool:
+    return normalize_tax_id(value) in normalize_tax_id(quote)
+
+
+def _iban_in(value: str, quote: str) -> bool:
+    return compact_iban(value) in compact_iban(quote)
+
+
+Matcher = Callable[[str, str], bool]
+_LINE_FIELDS: tuple[tuple[str, Matcher], ...] = (
+    ("description", _text_in),
+    ("quantity", _number_in),
+    ("unit_price", _number_in),
+    ("amount", _number_in),
+    ("tax_rate", lambda value, quote: _number_in(value, quote, rate=True)),
+)
+
+
+def scalar_fields(invoice: Mapping[str, Any]) -> Iterator[tuple[str, Any, Matcher]]:
+    """(JSON Pointer, value, how to find the value in a quote) for every scalar field."""
+    supplier = invoice["supplier"]
+    yield "/supplier/name", supplier["name"], _text_in
+    yield "/supplier/tax_id", supplier["tax_id"], _tax_id_in
+    yield "/supplier/iban", supplier["iban"], _iban_in
+    yield "/invoice_number", invoice["invoice_number"], _text_in
+    yield "/issue_date", invoice["issue_date"], _date_in
+    yield "/due_date", invoice["due_date"], _date_in
+    yield "/currency", invoice["currency"], _currency_in
+    for index, line in enumerate(invoice["lines"]):
+        for name, matcher in _LINE_FIELDS:
+            yield f"/lines/{index}/{name}", line[name], matcher
+    for name in ("subtotal", "tax_total", "total"):
+        yield f"/{name}", invoice[name], _number_in
+
+
+def evidence_reasons(invoice: Mapping[str, Any], source_text: str) -> list[Reason]:
+    evidence: Mapping[str, str] = invoice["evidence"]
+    source = normalize_space(source_text)
+    reasons: list[Reason] = []
+    for pointer, value, matcher in scalar_fields(invoice):
+        if value is None:
+            continue
+        quote = evidence.get(pointer)
+        if quote is None:
+            problem = "no_quote"
+            message = f"{pointer} has no evidence quote"
+        elif normalize_space(quote) not in source:
+            problem = "quote_not_in_source"
+            message = f"the evidence quote of {pointer} is not in the document"
+        elif not matcher(str(value), quote):
+            problem = "value_not_in_quote"
+            message = f"the evidence quote of {pointer} does not state {value}"
+        else:
+            continue
+        detail = {"problem": problem, "value": value, "quote": quote}
+        reasons.append(Reason("evidence_missing", pointer, message, detail))
+    return reasons

@@ -1,0 +1,76 @@
+"""From the model's raw answer to a schema-valid invoice dict, or the class of model error.
+
+The three checks run in order and the first failure wins: size, JSON syntax, JSON Schema
+``invoice.v1`` (Draft 2020-12, formats checked). Loading the schema file, once, is the only I/O of
+the validation package.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any, NoReturn
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from ._model import Verdict
+
+SCHEMA_PATH = Path(__file__).with_name("invoice.v1.schema.json")
+MAX_MESSAGE_CHARS = 300
+
+# Chat models often wrap JSON in one Markdown code fence despite being told not to; the fence
+# carries nothing, so it is taken off rather than burning a retry on it.
+_CODE_FENCE = re.compile(r"\A\s*```(?:json)?[ \t]*\n(.*)\n```\s*\Z", re.DOTALL | re.IGNORECASE)
+
+
+class _BrokenJson(ValueError):
+    """JSON that parses in Python's lenient reader but is not one unambiguous JSON value."""
+
+
+@cache
+def schema_validator() -> Draft202012Validator:
+    """The ``invoice.v1`` validator, built once per process."""
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def parse_invoice(content: str, max_bytes: int) -> dict[str, Any] | Verdict:
+    """The parsed, schema-valid invoice, or a ``model_error`` verdict saying what is wrong."""
+    if len(content) > max_bytes or len(content.encode("utf-8")) > max_bytes:
+        return Verdict.model_error("too_large", f"the answer is larger than {max_bytes} bytes")
+    fenced = _CODE_FENCE.match(content)
+    text = fenced.group(1) if fenced else content
+    try:
+        document = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and _BrokenJson are ValueErrors
+        return Verdict.model_error("broken_json", _clip(f"the answer is not valid JSON: {exc}"))
+    if not isinstance(document, dict):
+        return Verdict.model_error(
+            "broken_json", f"the answer is JSON but not an object (got {type(document).__name__})"
+        )
+    error = best_match(schema_validator().iter_errors(document))
+    if error is not None:
+        return Verdict.model_error("schema_violation", _clip(f"{error.json_path}: {error.message}"))
+    return document
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # A repeated key means two answers for one field; Python would silently keep the last one.
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _BrokenJson(f"the key {key!r} appears twice in one object")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise _BrokenJson(f"{name} is not JSON")
+
+
+def _clip(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE_CHARS else message[: MAX_MESSAGE_CHARS - 1] + "…"
