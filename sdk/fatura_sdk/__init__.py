@@ -4,7 +4,7 @@
 into exactly one effect.
 """
 
-from fatura_sdk.receiver import Apply, InvalidEvent, Receiver, Response, payload_digest
+from fatura_sdk.receiver import Apply, Event, InvalidEvent, Receiver, Response, payload_digest
 from fatura_sdk.webhooks import (
     BadSignatureError,
     FutureTimestampError,
@@ -24,6 +24,7 @@ from fatura_sdk.webhooks import (
 __all__ = [
     "Apply",
     "BadSignatureError",
+    "Event",
     "FutureTimestampError",
     "InvalidEvent",
     "InvalidSecretError",

@@ -38,7 +38,23 @@ PING = "webhook.ping.v1"
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 _Q = load_queries("inbox.sql")
 
-Apply = Callable[[sqlite3.Connection, dict[str, Any]], None]
+
+@dataclass(frozen=True)
+class Event:
+    """A verified webhook as ``apply`` sees it: the parsed body and the webhook-id it came under."""
+
+    webhook_id: str
+    type: str
+    data: dict[str, Any]
+    body: dict[str, Any]
+
+    @property
+    def id(self) -> str | None:
+        event_id = self.body.get("id")
+        return event_id if isinstance(event_id, str) else None
+
+
+Apply = Callable[[sqlite3.Connection, Event], None]
 """The partner's effect, run inside the inbox transaction on the same connection."""
 
 
@@ -128,7 +144,7 @@ class Receiver:
             log.info("webhook ping %s verified", webhook_id)
             return Response(200, {"status": "pong"}, "ping", webhook_id)
         with self._lock:
-            return self._record_and_apply(webhook_id, event_type, event)
+            return self._record_and_apply(Event(webhook_id, event_type, event["data"], event))
 
     def stats(self) -> dict[str, int]:
         """Durable counts (accepted, duplicate, conflict) survive restarts; refusals are per process."""
@@ -150,8 +166,9 @@ class Receiver:
         with self._lock:
             self._conn.close()
 
-    def _record_and_apply(self, webhook_id: str, event_type: str, event: dict[str, Any]) -> Response:
-        digest = payload_digest(event)
+    def _record_and_apply(self, event: Event) -> Response:
+        webhook_id, event_type = event.webhook_id, event.type
+        digest = payload_digest(event.body)
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -161,7 +178,7 @@ class Receiver:
                     "webhook_id": webhook_id,
                     "payload_digest": digest,
                     "event_type": event_type,
-                    "event_id": event.get("id") if isinstance(event.get("id"), str) else None,
+                    "event_id": event.id,
                     "received_at": time.time(),
                 },
             ).rowcount

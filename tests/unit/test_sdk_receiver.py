@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fatura_sdk import InvalidEvent, Receiver, generate_secret, sign_headers
+from fatura_sdk import Event, InvalidEvent, Receiver, generate_secret, sign_headers
 
 SECRET = generate_secret()
 
@@ -32,13 +32,13 @@ def post(receiver: Receiver, webhook_id: str, body: bytes | dict[str, Any], secr
 class Effects:
     """A partner effect that writes one row per call, so a second effect is visible."""
 
-    SCHEMA = "CREATE TABLE IF NOT EXISTS effects (webhook_job TEXT, version INTEGER);"
+    SCHEMA = "CREATE TABLE IF NOT EXISTS effects (webhook_id TEXT, version INTEGER);"
 
     def __init__(self, fail_with: Exception | None = None) -> None:
         self.fail_with = fail_with
 
-    def __call__(self, conn: sqlite3.Connection, ev: dict[str, Any]) -> None:
-        conn.execute("INSERT INTO effects VALUES (?, ?)", (ev["data"]["job_id"], ev["data"]["state_version"]))
+    def __call__(self, conn: sqlite3.Connection, ev: Event) -> None:
+        conn.execute("INSERT INTO effects VALUES (?, ?)", (ev.webhook_id, ev.data["state_version"]))
         if self.fail_with is not None:
             raise self.fail_with
 
@@ -61,7 +61,7 @@ def test_a_new_webhook_is_applied_once_and_its_resend_is_a_duplicate(db: Path) -
 
     assert (first.status, first.body["status"]) == (200, "accepted")
     assert (again.status, again.body["status"]) == (200, "duplicate")
-    assert rows(db, "SELECT * FROM effects") == [("j-1", 3)]
+    assert rows(db, "SELECT * FROM effects") == [("dlv-1", 3)]
     assert rows(db, "SELECT webhook_id, duplicates FROM fatura_inbox") == [("dlv-1", 1)]
 
 
@@ -97,7 +97,7 @@ def test_the_same_webhook_id_with_another_payload_is_refused_and_alerted(
     assert clash.body["error"]["code"] == "webhook_id_conflict"
     assert receiver.stats()["conflict"] == 1
     assert any("dlv-1" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
-    assert rows(db, "SELECT * FROM effects") == [("j-1", 3)]
+    assert rows(db, "SELECT * FROM effects") == [("dlv-1", 3)]
 
 
 def test_a_bad_signature_is_401_and_stores_nothing(db: Path) -> None:
@@ -124,7 +124,7 @@ def test_when_the_effect_fails_nothing_is_recorded_and_the_resend_is_applied(db:
     # Then the retry, once the effect works, is applied (not mistaken for a duplicate)
     working = Receiver(SECRET, db, Effects(), schema=Effects.SCHEMA)
     assert post(working, "dlv-1", event()).body["status"] == "accepted"
-    assert rows(db, "SELECT * FROM effects") == [("j-1", 3)]
+    assert rows(db, "SELECT * FROM effects") == [("dlv-1", 3)]
 
 
 def test_an_event_the_partner_cannot_use_is_400_and_stores_nothing(db: Path) -> None:
