@@ -1,0 +1,28 @@
+"""Prometheus metrics of the delivery service (labels are bounded: never an id)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+OUTCOMES = Counter("fatura_delivery_outcomes_total", "Delivery attempts by resulting state", ["state"])
+DELIVERIES_CREATED = Counter("fatura_deliveries_created_total", "Deliveries created (event x endpoint)")
+DUPLICATE_EVENTS = Counter("fatura_delivery_duplicate_events_total", "Events received again (deduped)")
+INBOX_CONFLICTS = Counter(
+    "fatura_delivery_inbox_conflicts_total", "Event ids seen again with a different payload (quarantined)"
+)
+POSTPONED = Counter("fatura_delivery_postponed_total", "Due deliveries that waited, by cause", ["cause"])
+STALE = Counter("fatura_delivery_stale_outcomes_total", "Outcomes discarded because the claim was lost")
+BREAKER_OPENED = Counter("fatura_delivery_breaker_opened_total", "Endpoint circuit breakers opened")
+AUTH_ALARMS = Counter(
+    "fatura_delivery_auth_alarms_total", "Endpoints disabled after repeated 401/403 (configuration alarm)"
+)
+ENDPOINTS_DISABLED = Counter("fatura_delivery_endpoints_disabled_total", "Endpoints disabled", ["cause"])
+POST_SECONDS = Histogram(
+    "fatura_delivery_post_seconds",
+    "Webhook POST latency",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+LEASES_EXPIRED = Counter("fatura_delivery_leases_expired_total", "Claims of dead senders taken back")
+WAKEUPS = Counter("fatura_delivery_wakeups_total", "Wake-ups sent by the scheduler")
+PENDING = Gauge("fatura_delivery_pending", "Deliveries waiting to be sent")
+OLDEST_DUE_AGE = Gauge("fatura_delivery_oldest_due_age_seconds", "Age of the oldest due delivery")

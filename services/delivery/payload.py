@@ -1,0 +1,70 @@
+"""The webhook body (DESIGN §5.9), serialized once: these bytes are stored, signed and sent.
+
+Rule for versions: a body describes the event's own state and state_version (each event is one
+effect; receivers apply only newer versions). The result, review reasons and error come from the
+job row when the row is still at the event's version, which is always the case for the terminal
+events delivered here, since a terminal job never changes again; if the row has moved on they are
+left out and the receiver reads the authoritative state at ``status_url``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from services.common import events
+
+PING = "webhook.ping.v1"
+EVENT_TYPES = (events.EXTRACTION_COMPLETED, events.EXTRACTION_REVIEW_REQUIRED, events.EXTRACTION_FAILED)
+
+
+def _iso(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def dumps(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False, sort_keys=False).encode("utf-8")
+
+
+def status_url(job_id: uuid.UUID) -> str:
+    return f"/v1/extraction-jobs/{job_id}"
+
+
+def event_body(
+    *,
+    event_id: uuid.UUID,
+    event_type: str,
+    tenant_id: uuid.UUID,
+    job_id: uuid.UUID,
+    state: str,
+    state_version: int,
+    occurred_at: datetime,
+    job: dict[str, Any],
+) -> bytes:
+    """The body of one event's deliveries; ``job`` is the job row as JSON (``to_jsonb``)."""
+    data: dict[str, Any] = {
+        "job_id": str(job_id),
+        "tenant_id": str(tenant_id),
+        "state": state,
+        "state_version": state_version,
+    }
+    if job.get("state_version") == state_version:
+        if job.get("result") is not None:
+            data["result"] = job["result"]
+        if job.get("review_reasons") is not None:
+            data["review"] = {"reasons": job["review_reasons"]}
+        if job.get("error_class") is not None:
+            data["error"] = {"class": job["error_class"], "message": job.get("error_message") or ""}
+    if job.get("policy_version") is not None:
+        data["policy_version"] = job["policy_version"]
+    data["status_url"] = status_url(job_id)
+    data["occurred_at"] = _iso(occurred_at)
+    return dumps({"type": event_type, "id": str(event_id), "timestamp": _iso(occurred_at), "data": data})
+
+
+def ping_body(ping_id: uuid.UUID, endpoint_id: uuid.UUID, at: datetime) -> bytes:
+    return dumps(
+        {"type": PING, "id": str(ping_id), "timestamp": _iso(at), "data": {"endpoint_id": str(endpoint_id)}}
+    )

@@ -1,0 +1,85 @@
+"""Settings of the delivery processes (worker, scheduler) and of the webhook-endpoint API, read once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from services.common.settings import CommonSettings, SettingsError, env_float, env_int, env_set
+from services.delivery.egress import IPNetwork, parse_allow
+from services.delivery.sender import SendLimits
+
+
+@dataclass(frozen=True)
+class DeliverySettings:
+    common: CommonSettings = field(default_factory=CommonSettings)
+    egress_allow: tuple[IPNetwork, ...] = ()
+    retry_scale: float = 1.0
+    auth_failure_limit: int = 3
+    breaker_threshold: int = 5
+    breaker_cooldown_seconds: float = 60.0
+    lease_seconds: float = 60.0
+    limits: SendLimits = field(default_factory=SendLimits)
+    worker_threads: int = 8
+    worker_metrics_port: int = 9185
+    scheduler_metrics_port: int = 9186
+    scheduler_interval_seconds: float = 1.0
+    rewake_seconds: float = 30.0
+    secret_overlap_seconds: int = 86_400
+    ping_timeout_seconds: float = 5.0
+    default_max_concurrency: int = 4
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> DeliverySettings:
+        env = os.environ if env is None else env
+        try:
+            allow = parse_allow(env_set(env, "FATURA_EGRESS_ALLOW"))
+        except ValueError as exc:
+            raise SettingsError(f"FATURA_EGRESS_ALLOW: {exc}") from None
+        limits = SendLimits(
+            connect_timeout=env_float(env, "FATURA_DELIVERY_CONNECT_TIMEOUT_SECONDS", 5.0, lo=0.05, hi=60),
+            read_timeout=env_float(env, "FATURA_DELIVERY_READ_TIMEOUT_SECONDS", 10.0, lo=0.05, hi=120),
+            total_timeout=env_float(env, "FATURA_DELIVERY_TOTAL_TIMEOUT_SECONDS", 15.0, lo=0.1, hi=300),
+            max_response_bytes=env_int(env, "FATURA_DELIVERY_MAX_RESPONSE_BYTES", 4096, lo=0, hi=65536),
+        )
+        lease = env_float(env, "FATURA_DELIVERY_LEASE_SECONDS", 60.0, lo=0.5, hi=3600)
+        if lease <= limits.total_timeout:
+            raise SettingsError(
+                f"FATURA_DELIVERY_LEASE_SECONDS={lease} must exceed "
+                f"FATURA_DELIVERY_TOTAL_TIMEOUT_SECONDS={limits.total_timeout}: a lease must outlive a POST"
+            )
+        return cls(
+            common=CommonSettings.from_env(env),
+            egress_allow=allow,
+            retry_scale=env_float(env, "FATURA_DELIVERY_RETRY_SCALE", 1.0, lo=0.0001, hi=100),
+            auth_failure_limit=env_int(env, "FATURA_DELIVERY_AUTH_FAILURE_LIMIT", 3, lo=1, hi=1000),
+            breaker_threshold=env_int(env, "FATURA_DELIVERY_BREAKER_THRESHOLD", 5, lo=1, hi=10_000),
+            breaker_cooldown_seconds=env_float(
+                env, "FATURA_DELIVERY_BREAKER_COOLDOWN_SECONDS", 60.0, lo=0.01, hi=86_400
+            ),
+            lease_seconds=lease,
+            limits=limits,
+            worker_threads=env_int(env, "FATURA_DELIVERY_WORKER_THREADS", 8, lo=1, hi=256),
+            worker_metrics_port=env_int(env, "FATURA_DELIVERY_WORKER_METRICS_PORT", 9185, lo=0, hi=65535),
+            scheduler_metrics_port=env_int(
+                env, "FATURA_DELIVERY_SCHEDULER_METRICS_PORT", 9186, lo=0, hi=65535
+            ),
+            scheduler_interval_seconds=env_float(
+                env, "FATURA_DELIVERY_SCHEDULER_INTERVAL_SECONDS", 1.0, lo=0.01, hi=600
+            ),
+            rewake_seconds=env_float(env, "FATURA_DELIVERY_REWAKE_SECONDS", 30.0, lo=0.1, hi=86_400),
+            secret_overlap_seconds=env_int(
+                env, "FATURA_WEBHOOK_SECRET_OVERLAP_SECONDS", 86_400, lo=0, hi=30 * 86_400
+            ),
+            ping_timeout_seconds=env_float(env, "FATURA_WEBHOOK_PING_TIMEOUT_SECONDS", 5.0, lo=0.1, hi=60),
+            default_max_concurrency=env_int(env, "FATURA_WEBHOOK_MAX_CONCURRENCY", 4, lo=1, hi=1000),
+        )
+
+
+def worker_ready_url() -> str:
+    return f"http://127.0.0.1:{DeliverySettings.from_env().worker_metrics_port}/readyz"
+
+
+def scheduler_ready_url() -> str:
+    return f"http://127.0.0.1:{DeliverySettings.from_env().scheduler_metrics_port}/readyz"

@@ -1,0 +1,171 @@
+-- Queries of the delivery worker and scheduler. Parameters always go through placeholders.
+-- Lock order, everywhere: a delivery row before its endpoint row.
+
+-- name: inbox_insert
+INSERT INTO delivery_inbox (event_id, job_id, payload_digest)
+VALUES (%(event_id)s, %(job_id)s, %(digest)s)
+ON CONFLICT (event_id) DO NOTHING
+RETURNING event_id
+
+-- name: inbox_digest
+SELECT payload_digest FROM delivery_inbox WHERE event_id = %(event_id)s
+
+-- name: quarantine
+INSERT INTO delivery_quarantine (event_id, payload, payload_digest, reason)
+VALUES (%(event_id)s, %(payload)s, %(digest)s, %(reason)s)
+
+-- name: job_for_event
+-- The job row as JSON (so columns other services add, such as `result`, come along), and when the
+-- event's state version was reached.
+SELECT to_jsonb(j) AS job,
+       (SELECT at FROM job_events e WHERE e.job_id = j.id AND e.state_version = %(state_version)s)
+           AS occurred_at
+FROM extraction_jobs j
+WHERE j.id = %(job_id)s
+
+-- name: matching_endpoints
+SELECT id, state FROM webhook_endpoints
+WHERE tenant_id = %(tenant_id)s AND %(event_type)s = ANY (event_types)
+ORDER BY created_at
+
+-- name: insert_delivery
+-- A delivery to a disabled endpoint is created already failed, so `:recover` can send it later.
+INSERT INTO deliveries (delivery_id, event_id, event_type, endpoint_id, tenant_id, job_id, body,
+                        state, reason, woken_at)
+VALUES (%(delivery_id)s, %(event_id)s, %(event_type)s, %(endpoint_id)s, %(tenant_id)s, %(job_id)s,
+        %(body)s, %(state)s, %(reason)s, now())
+ON CONFLICT (delivery_id) DO NOTHING
+RETURNING delivery_id, state
+
+-- name: lock_delivery
+SELECT delivery_id, endpoint_id, event_type, state, body, attempts, attempts_base, fence,
+       next_attempt_at <= now() AS due
+FROM deliveries
+WHERE delivery_id = %(delivery_id)s
+FOR UPDATE
+
+-- name: lock_endpoint
+SELECT e.id, e.url, e.state, e.max_concurrency, e.breaker_open_until,
+       coalesce(e.breaker_open_until > now(), false) AS breaker_open,
+       (SELECT count(*) FROM deliveries d
+        WHERE d.endpoint_id = e.id AND d.state = 'delivering' AND d.lease_until > now()) AS in_flight,
+       ARRAY(SELECT s.secret FROM webhook_secrets s
+             WHERE s.endpoint_id = e.id AND (s.not_after IS NULL OR s.not_after > now())
+             ORDER BY s.created_at DESC) AS secrets
+FROM webhook_endpoints e
+WHERE e.id = %(endpoint_id)s
+FOR UPDATE
+
+-- name: claim
+UPDATE deliveries
+SET state = 'delivering', fence = fence + 1, attempts = attempts + 1,
+    lease_until = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
+WHERE delivery_id = %(delivery_id)s
+RETURNING fence, attempts, attempts_base, now() AS started_at
+
+-- name: postpone
+-- Not an attempt: the endpoint's breaker is open or it is at its concurrency cap.
+UPDATE deliveries
+SET next_attempt_at = now() + make_interval(secs => %(delay_seconds)s), woken_at = NULL,
+    reason = %(reason)s, updated_at = now()
+WHERE delivery_id = %(delivery_id)s
+
+-- name: fail_unsendable
+UPDATE deliveries
+SET state = 'failed', reason = %(reason)s, updated_at = now(), woken_at = NULL
+WHERE delivery_id = %(delivery_id)s
+
+-- name: record_outcome
+-- Only under the fence that claimed it: a sender whose lease ran out changes nothing.
+UPDATE deliveries
+SET state = %(state)s, reason = %(reason)s, last_status = %(http_status)s,
+    next_attempt_at = now() + make_interval(secs => %(delay_seconds)s),
+    lease_until = NULL, woken_at = NULL, updated_at = now(),
+    delivered_at = CASE WHEN %(state)s = 'delivered' THEN now() ELSE delivered_at END
+WHERE delivery_id = %(delivery_id)s AND fence = %(fence)s AND state = 'delivering'
+RETURNING delivery_id
+
+-- name: insert_attempt
+INSERT INTO delivery_attempts (delivery_id, attempt, fence, started_at, outcome, http_status,
+                               error_class, response_body, retry_after_ms, latency_ms)
+VALUES (%(delivery_id)s, %(attempt)s, %(fence)s, %(started_at)s, %(outcome)s, %(http_status)s,
+        %(error_class)s, %(response_body)s, %(retry_after_ms)s, %(latency_ms)s)
+
+-- name: endpoint_healthy
+-- Written only when something changes, so a healthy endpoint's row is not rewritten per delivery.
+UPDATE webhook_endpoints
+SET consecutive_failures = 0, consecutive_auth_failures = 0, breaker_open_until = NULL,
+    verified_at = coalesce(verified_at, now()), updated_at = now()
+WHERE id = %(endpoint_id)s
+  AND (consecutive_failures <> 0 OR consecutive_auth_failures <> 0 OR verified_at IS NULL
+       OR breaker_open_until IS NOT NULL)
+
+-- name: endpoint_failure
+-- One more consecutive failure; the breaker opens when they reach the threshold.
+UPDATE webhook_endpoints
+SET consecutive_failures = consecutive_failures + 1,
+    breaker_open_until = CASE WHEN consecutive_failures + 1 >= %(threshold)s
+                              THEN now() + make_interval(secs => %(cooldown_seconds)s)
+                              ELSE breaker_open_until END,
+    updated_at = now()
+WHERE id = %(endpoint_id)s
+RETURNING consecutive_failures, breaker_open_until
+
+-- name: endpoint_auth_failure
+UPDATE webhook_endpoints
+SET consecutive_auth_failures = consecutive_auth_failures + 1,
+    state = CASE WHEN consecutive_auth_failures + 1 >= %(limit)s THEN 'disabled' ELSE state END,
+    disabled_reason = CASE WHEN consecutive_auth_failures + 1 >= %(limit)s AND state = 'enabled'
+                           THEN %(reason)s ELSE disabled_reason END,
+    disabled_at = CASE WHEN consecutive_auth_failures + 1 >= %(limit)s AND state = 'enabled'
+                       THEN now() ELSE disabled_at END,
+    updated_at = now()
+WHERE id = %(endpoint_id)s
+RETURNING consecutive_auth_failures, state
+
+-- name: endpoint_disable
+UPDATE webhook_endpoints
+SET state = 'disabled', disabled_reason = %(reason)s, disabled_at = now(), updated_at = now()
+WHERE id = %(endpoint_id)s AND state = 'enabled'
+RETURNING id
+
+-- name: expire_leases
+-- Senders that died holding a claim: the delivery becomes due again (or dead when its attempts
+-- are spent). The lost attempt is logged with outcome `lost`: the POST may have been made.
+WITH expired AS (
+    UPDATE deliveries
+    SET state = CASE WHEN attempts - attempts_base >= %(max_attempts)s THEN 'dead' ELSE 'pending' END,
+        reason = 'the sender stopped before recording its attempt (lease expired)',
+        lease_until = NULL, next_attempt_at = now(), woken_at = NULL, updated_at = now()
+    WHERE delivery_id IN (
+        SELECT delivery_id FROM deliveries
+        WHERE state = 'delivering' AND lease_until < now()
+        ORDER BY lease_until
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED)
+    RETURNING delivery_id, attempts, fence, updated_at
+)
+INSERT INTO delivery_attempts (delivery_id, attempt, fence, started_at, outcome, error_class)
+SELECT delivery_id, attempts, fence, updated_at, 'lost', 'lease_expired' FROM expired
+RETURNING delivery_id
+
+-- name: due_wakeups
+-- Due deliveries nobody has been woken for lately; marks them woken.
+UPDATE deliveries
+SET woken_at = now()
+WHERE delivery_id IN (
+    SELECT delivery_id FROM deliveries
+    WHERE state = 'pending' AND next_attempt_at <= now()
+      AND (woken_at IS NULL OR woken_at < now() - make_interval(secs => %(rewake_seconds)s))
+    ORDER BY next_attempt_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED)
+RETURNING delivery_id
+
+-- name: backlog
+SELECT count(*) FILTER (WHERE state = 'pending') AS pending,
+       count(*) FILTER (WHERE state = 'delivering') AS delivering,
+       coalesce(extract(epoch FROM now() - min(next_attempt_at) FILTER (
+           WHERE state = 'pending' AND next_attempt_at <= now())), 0)::float8 AS oldest_due_age_seconds
+FROM deliveries
+WHERE state IN ('pending', 'delivering')

@@ -1,0 +1,261 @@
+"""The delivery worker's database side: ingest an event, claim a delivery, record an attempt.
+
+Each function is one short transaction; none is open while a webhook is being sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from services.common.messages import BadMessage, EventMessage
+from services.common.queries import load_queries
+from services.delivery import metrics, outcomes, payload, signing
+from services.delivery.outcomes import AttemptResult, Decision
+from services.delivery.settings import DeliverySettings
+
+log = logging.getLogger(__name__)
+Q = load_queries(Path(__file__).with_name("sql") / "delivery.sql")
+
+MAX_STORED_RESPONSE = 4096
+
+
+def ingest(pool: ConnectionPool[Any], event: EventMessage) -> list[uuid.UUID]:
+    """Dedup the event by id and create one delivery per matching endpoint; returns those to wake.
+
+    A replay of an event already taken in returns nothing (its deliveries exist and the scheduler
+    wakes any that were not woken). The same id with a different payload is quarantined.
+    """
+    with pool.connection() as conn, conn.transaction():
+        params = {"event_id": event.event_id, "job_id": event.job_id, "digest": event.digest}
+        if conn.execute(Q["inbox_insert"], params).fetchone() is None:
+            stored = conn.execute(Q["inbox_digest"], params).fetchone()
+            if stored is not None and stored["payload_digest"] != event.digest:
+                metrics.INBOX_CONFLICTS.inc()
+                log.error("event %s arrived again with a different payload; quarantined", event.event_id)
+                conn.execute(
+                    Q["quarantine"],
+                    {**params, "payload": Jsonb(event.payload), "reason": "same event id, different payload"},
+                )
+            else:
+                metrics.DUPLICATE_EVENTS.inc()
+            return []
+        row = conn.execute(
+            Q["job_for_event"], {"job_id": event.job_id, "state_version": event.state_version}
+        ).fetchone()
+        if row is None:
+            raise BadMessage("unknown_job", f"job {event.job_id} does not exist")
+        job: dict[str, Any] = row["job"]
+        if job.get("tenant_id") != str(event.tenant_id):
+            raise BadMessage("tenant_mismatch", f"job {event.job_id} belongs to another tenant")
+        if int(job.get("state_version") or 0) < event.state_version:
+            raise BadMessage(
+                "from_the_future", f"job {event.job_id} has not reached version {event.state_version}"
+            )
+        body = payload.event_body(
+            event_id=event.event_id,
+            event_type=event.event_type,
+            tenant_id=event.tenant_id,
+            job_id=event.job_id,
+            state=event.state,
+            state_version=event.state_version,
+            occurred_at=row["occurred_at"] or datetime.now(UTC),
+            job=job,
+        )
+        woken: list[uuid.UUID] = []
+        endpoints = conn.execute(
+            Q["matching_endpoints"], {"tenant_id": event.tenant_id, "event_type": event.event_type}
+        ).fetchall()
+        for endpoint in endpoints:
+            enabled = endpoint["state"] == "enabled"
+            created = conn.execute(
+                Q["insert_delivery"],
+                {
+                    "delivery_id": signing.delivery_id(event.event_id, endpoint["id"]),
+                    "event_id": event.event_id,
+                    "event_type": event.event_type,
+                    "endpoint_id": endpoint["id"],
+                    "tenant_id": event.tenant_id,
+                    "job_id": event.job_id,
+                    "body": body,
+                    "state": "pending" if enabled else "failed",
+                    "reason": None
+                    if enabled
+                    else "endpoint_disabled: created while the endpoint was disabled",
+                },
+            ).fetchone()
+            if created is not None and created["state"] == "pending":
+                woken.append(created["delivery_id"])
+        metrics.DELIVERIES_CREATED.inc(len(endpoints))
+        return woken
+
+
+@dataclass(frozen=True)
+class Claim:
+    delivery_id: uuid.UUID
+    endpoint_id: uuid.UUID
+    url: str
+    body: bytes
+    secrets: tuple[str, ...]
+    fence: int
+    attempt: int  # the delivery's attempt number (for the log)
+    round_attempt: int  # attempts since the last resend (for the retry schedule)
+    started_at: datetime
+
+
+def claim(pool: ConnectionPool[Any], delivery_id: uuid.UUID, settings: DeliverySettings) -> Claim | None:
+    """Take a due delivery under a new fence, or decide why not (wait, fail, skip)."""
+    with pool.connection() as conn, conn.transaction():
+        d = conn.execute(Q["lock_delivery"], {"delivery_id": delivery_id}).fetchone()
+        if d is None:
+            return None
+        e = conn.execute(Q["lock_endpoint"], {"endpoint_id": d["endpoint_id"]}).fetchone()
+        assert e is not None  # a foreign key holds it
+        open_for = None
+        if e["breaker_open"]:
+            open_for = max((e["breaker_open_until"] - datetime.now(UTC)).total_seconds(), 0.05)
+        decision = outcomes.gate(
+            delivery_state=d["state"],
+            due=bool(d["due"]),
+            endpoint_state=e["state"],
+            breaker_open_for=open_for,
+            in_flight=int(e["in_flight"]),
+            max_concurrency=int(e["max_concurrency"]),
+            has_secret=bool(e["secrets"]),
+            concurrency_wait=random.uniform(0.2, 0.6),
+        )
+        if decision.action == "skip":
+            return None
+        if decision.action == "wait":
+            metrics.POSTPONED.labels("breaker" if open_for else "concurrency").inc()
+            conn.execute(
+                Q["postpone"],
+                {
+                    "delivery_id": delivery_id,
+                    "delay_seconds": decision.wait_seconds,
+                    "reason": decision.reason,
+                },
+            )
+            return None
+        if decision.action == "fail":
+            conn.execute(Q["fail_unsendable"], {"delivery_id": delivery_id, "reason": decision.reason})
+            metrics.OUTCOMES.labels("failed").inc()
+            return None
+        c = conn.execute(
+            Q["claim"], {"delivery_id": delivery_id, "lease_seconds": settings.lease_seconds}
+        ).fetchone()
+        assert c is not None
+        return Claim(
+            delivery_id=delivery_id,
+            endpoint_id=e["id"],
+            url=e["url"],
+            body=bytes(d["body"]),
+            secrets=tuple(e["secrets"]),
+            fence=int(c["fence"]),
+            attempt=int(c["attempts"]),
+            round_attempt=int(c["attempts"]) - int(c["attempts_base"]),
+            started_at=c["started_at"],
+        )
+
+
+def record(
+    pool: ConnectionPool[Any],
+    claim: Claim,
+    result: AttemptResult,
+    decision: Decision,
+    settings: DeliverySettings,
+) -> bool:
+    """Record the attempt and its outcome under the claim's fence; False when the claim was lost."""
+    body = result.response_body
+    if body is not None:
+        body = body.encode("utf-8")[:MAX_STORED_RESPONSE].decode("utf-8", errors="ignore")
+    with pool.connection() as conn, conn.transaction():
+        updated = conn.execute(
+            Q["record_outcome"],
+            {
+                "delivery_id": claim.delivery_id,
+                "fence": claim.fence,
+                "state": decision.state,
+                "reason": decision.reason,
+                "http_status": result.status,
+                "delay_seconds": decision.delay_seconds or 0.0,
+            },
+        ).fetchone()
+        stale = updated is None
+        conn.execute(
+            Q["insert_attempt"],
+            {
+                "delivery_id": claim.delivery_id,
+                "attempt": claim.attempt,
+                "fence": claim.fence,
+                "started_at": claim.started_at,
+                "outcome": "stale" if stale else decision.state,
+                "http_status": result.status,
+                "error_class": result.error_class,
+                "response_body": body,
+                "retry_after_ms": None
+                if result.retry_after_seconds is None
+                else int(result.retry_after_seconds * 1000),
+                "latency_ms": result.latency_ms,
+            },
+        )
+        if stale:
+            metrics.STALE.inc()
+            log.warning(
+                "delivery %s: fence %d lost its claim; outcome not recorded", claim.delivery_id, claim.fence
+            )
+            return False
+        _endpoint_health(conn, claim, decision, settings)
+    metrics.OUTCOMES.labels(decision.state).inc()
+    return True
+
+
+def _endpoint_health(conn: Any, claim: Claim, decision: Decision, settings: DeliverySettings) -> None:
+    endpoint = {"endpoint_id": claim.endpoint_id}
+    if decision.healthy:
+        conn.execute(Q["endpoint_healthy"], endpoint)
+    if decision.breaker_failure:
+        row = conn.execute(
+            Q["endpoint_failure"],
+            {
+                **endpoint,
+                "threshold": settings.breaker_threshold,
+                "cooldown_seconds": settings.breaker_cooldown_seconds,
+            },
+        ).fetchone()
+        if row is not None and row["consecutive_failures"] == settings.breaker_threshold:
+            metrics.BREAKER_OPENED.inc()
+            log.warning(
+                "endpoint %s: circuit breaker open after %d failures",
+                claim.endpoint_id,
+                settings.breaker_threshold,
+            )
+    if decision.auth_failure:
+        row = conn.execute(
+            Q["endpoint_auth_failure"],
+            {
+                **endpoint,
+                "limit": settings.auth_failure_limit,
+                "reason": f"repeated 401/403: {settings.auth_failure_limit} in a row",
+            },
+        ).fetchone()
+        if row is not None and row["consecutive_auth_failures"] == settings.auth_failure_limit:
+            metrics.AUTH_ALARMS.inc()
+            log.error(
+                "ALARM endpoint %s refused %d deliveries in a row with 401/403: its secret or access "
+                "is misconfigured; the endpoint is disabled until the tenant enables it",
+                claim.endpoint_id,
+                settings.auth_failure_limit,
+            )
+    if decision.disable_endpoint is not None:
+        if conn.execute(Q["endpoint_disable"], {**endpoint, "reason": decision.disable_endpoint}).fetchone():
+            metrics.ENDPOINTS_DISABLED.labels("gone").inc()
+            log.warning("endpoint %s disabled: %s", claim.endpoint_id, decision.disable_endpoint)
