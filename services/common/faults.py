@@ -15,8 +15,10 @@ from services.common.settings import SettingsError
 log = logging.getLogger(__name__)
 
 CRASH_AFTER_PUBLISH_CONFIRM = "crash_after_publish_confirm"
+# Delivery worker: the webhook POST was answered, its outcome not yet recorded.
+CRASH_AFTER_WEBHOOK_POST = "crash_after_webhook_post"
 
-KNOWN_FAULTS = frozenset({CRASH_AFTER_PUBLISH_CONFIRM})
+KNOWN_FAULTS = frozenset({CRASH_AFTER_PUBLISH_CONFIRM, CRASH_AFTER_WEBHOOK_POST})
 
 
 def check(faults: frozenset[str]) -> None:
