@@ -18,7 +18,19 @@ CRASH_AFTER_PUBLISH_CONFIRM = "crash_after_publish_confirm"
 # Delivery worker: the webhook POST was answered, its outcome not yet recorded.
 CRASH_AFTER_WEBHOOK_POST = "crash_after_webhook_post"
 
-KNOWN_FAULTS = frozenset({CRASH_AFTER_PUBLISH_CONFIRM, CRASH_AFTER_WEBHOOK_POST})
+# Inference worker: the provider answered, the completion is not yet committed.
+CRASH_AFTER_PROVIDER_RESPONSE = "crash_after_provider_response"
+# Inference ingest: the inbox row is committed, the broker message not yet acked.
+CRASH_AFTER_INBOX_COMMIT = "crash_after_inbox_commit"
+
+KNOWN_FAULTS = frozenset(
+    {
+        CRASH_AFTER_PUBLISH_CONFIRM,
+        CRASH_AFTER_WEBHOOK_POST,
+        CRASH_AFTER_PROVIDER_RESPONSE,
+        CRASH_AFTER_INBOX_COMMIT,
+    }
+)
 
 
 def check(faults: frozenset[str]) -> None:
