@@ -70,6 +70,10 @@ class Hop:
     output_tokens: int | None = None
     latency_ms: int | None = None
     sent: bool = True  # whether the request may have reached the provider
+    # Why a "skipped" hop sent nothing: "breaker_open", or "limiter:<denial reason>".
+    skip_reason: str | None = None
+    # The model the response says answered (providers may name a dated variant of ``model``).
+    answered_model: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,228 @@
+"""One hop: one streamed chat completion request to one channel, read through the stream gate.
+
+No retries here and none in httpx (``retries=0``): retries live in the database's schedule, and
+failover between channels is the gateway's. A hop ends in a ``HopOutcome``; it never raises for
+anything the provider or the network does.
+
+Timeouts: waiting for the response headers is bounded by the header timeout or what is left of the
+attempt's deadline, whichever is less; once headers arrive, the watchdog ends the stream at the
+deadline. The stream gate holds the opening frames until one is decisive: content commits the
+hop to this channel, an error frame before any content is a retryable ``STREAM_ERROR`` (the
+gateway fails over), and with nothing decisive after ``stream_gate_s`` the hop is committed
+anyway, because a slow model is not a broken one. After commitment an error ends the attempt
+without failover.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from services.inference.providers.base import ErrorClass, ProviderRequest
+from services.inference.providers.catalog import Channel
+from services.inference.providers.classify import exception_error_class, retry_after_ms, status_error_class
+from services.inference.providers.frames import BadCompletion, Completion, Frame, error_message, parse_body
+from services.inference.providers.settings import GatewaySettings
+from services.inference.providers.watchdog import Watchdog
+
+_ERROR_BODY_MAX = 64 * 1024  # an error's body is read only for its message
+
+
+@dataclass(frozen=True)
+class HopOutcome:
+    error_class: ErrorClass | None  # None: answered
+    sent: bool
+    committed: bool = False  # past the stream gate: no failover from here
+    http_status: int | None = None
+    retry_after_ms: int | None = None
+    content: str | None = None
+    model: str | None = None  # the model the response says answered
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    message: str | None = None
+
+
+def request_body(channel: Channel, request: ProviderRequest) -> dict[str, object]:
+    return {
+        "model": channel.upstream_model,
+        "messages": request.messages,
+        "max_tokens": request.max_output_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def exchange(
+    client: httpx.Client,
+    channel: Channel,
+    request: ProviderRequest,
+    *,
+    deadline: float,
+    settings: GatewaySettings,
+    watchdog: Watchdog,
+) -> HopOutcome:
+    """Send ``request`` to ``channel`` and read its answer, all before ``deadline`` (monotonic)."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return HopOutcome(ErrorClass.DEADLINE, sent=False, message="no time left in the attempt")
+    header_wait = min(settings.header_timeout_s, remaining)
+    connect = min(settings.connect_timeout_s, remaining)
+    headers = {"accept": "text/event-stream", "x-request-id": request.request_id}
+    if channel.api_key:
+        headers["authorization"] = f"Bearer {channel.api_key}"
+    http_request = client.build_request(
+        "POST",
+        channel.url,
+        json=request_body(channel, request),
+        headers=headers,
+        timeout=httpx.Timeout(connect=connect, read=header_wait, write=remaining, pool=connect),
+    )
+    try:
+        response = client.send(http_request, stream=True)
+    except httpx.HTTPError as exc:
+        error_class, sent = exception_error_class(exc, headers_received=False)
+        if error_class is ErrorClass.HEADER_TIMEOUT and header_wait < settings.header_timeout_s:
+            error_class = ErrorClass.DEADLINE  # the attempt's budget ran out first
+        return HopOutcome(error_class, sent=sent, message=f"{type(exc).__name__}: {exc}"[:300])
+    alarm = watchdog.arm(deadline, response)
+    try:
+        return _read(response, deadline, settings)
+    except httpx.HTTPError as exc:
+        if alarm.fired or time.monotonic() >= deadline:
+            return HopOutcome(ErrorClass.DEADLINE, sent=True, http_status=response.status_code)
+        error_class, _ = exception_error_class(exc, headers_received=True)
+        message = f"{type(exc).__name__}: {exc}"[:300]
+        return HopOutcome(error_class, sent=True, http_status=response.status_code, message=message)
+    finally:
+        alarm.cancel()
+        response.close()
+
+
+def _read(response: httpx.Response, deadline: float, settings: GatewaySettings) -> HopOutcome:
+    status = response.status_code
+    error_class = status_error_class(status)
+    if error_class is not None:
+        body = _read_capped(response, _ERROR_BODY_MAX, truncate=True)
+        return HopOutcome(
+            error_class,
+            sent=True,
+            http_status=status,
+            retry_after_ms=retry_after_ms(response.headers),
+            message=error_message(body),
+        )
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        return _read_stream(response, deadline, settings)
+    try:
+        completion = parse_body(_read_capped(response, settings.max_response_bytes))
+    except _TooLarge:
+        return HopOutcome(
+            ErrorClass.BAD_RESPONSE, sent=True, committed=True, http_status=status, message="too large"
+        )
+    except BadCompletion as exc:
+        return HopOutcome(
+            ErrorClass.BAD_RESPONSE, sent=True, committed=True, http_status=status, message=str(exc)
+        )
+    return _finish(completion, status, committed=completion.error_message is None)
+
+
+def _read_stream(response: httpx.Response, deadline: float, settings: GatewaySettings) -> HopOutcome:
+    status = response.status_code
+    opened = time.monotonic()
+    committed = False
+    size = 0
+    completion = Completion()
+    for line in response.iter_lines():
+        size += len(line) + 1
+        if size > settings.max_response_bytes:
+            return HopOutcome(
+                ErrorClass.BAD_RESPONSE, sent=True, committed=True, http_status=status, message="too large"
+            )
+        frame = completion.feed_line(line)
+        now = time.monotonic()
+        if not committed and now - opened >= settings.stream_gate_s:
+            committed = True  # nothing decisive within the gate: a slow model is not a broken one
+        if frame is not None:
+            outcome = _step(completion, frame, status, committed)
+            if outcome is not None:
+                return outcome
+            committed = committed or frame is Frame.CONTENT
+        if now >= deadline and not completion.done:
+            return HopOutcome(ErrorClass.DEADLINE, sent=True, committed=committed, http_status=status)
+    frame = completion.finish()
+    if frame is not None:
+        outcome = _step(completion, frame, status, committed)
+        if outcome is not None:
+            return outcome
+    if not completion.done and completion.finish_reason is None:
+        message = "the stream ended before the completion did"
+        return HopOutcome(
+            ErrorClass.CONNECTION, sent=True, committed=committed, http_status=status, message=message
+        )
+    if not completion.saw_choice:
+        message = "the stream held no completion"
+        return HopOutcome(
+            ErrorClass.BAD_RESPONSE, sent=True, committed=True, http_status=status, message=message
+        )
+    return _finish(completion, status, committed=True)
+
+
+def _step(completion: Completion, frame: Frame, status: int, committed: bool) -> HopOutcome | None:
+    if frame is Frame.ERROR:
+        return HopOutcome(
+            ErrorClass.STREAM_ERROR,
+            sent=True,
+            committed=committed,
+            http_status=status,
+            model=completion.model,
+            message=completion.error_message,
+        )
+    if frame is Frame.BAD:
+        return HopOutcome(
+            ErrorClass.BAD_RESPONSE,
+            sent=True,
+            committed=True,
+            http_status=status,
+            message="a frame is not JSON",
+        )
+    return None
+
+
+def _finish(completion: Completion, status: int, *, committed: bool) -> HopOutcome:
+    if completion.error_message is not None:
+        return HopOutcome(
+            ErrorClass.STREAM_ERROR,
+            sent=True,
+            committed=committed,
+            http_status=status,
+            message=completion.error_message,
+        )
+    return HopOutcome(
+        None,
+        sent=True,
+        committed=True,
+        http_status=status,
+        content=completion.content,
+        model=completion.model,
+        input_tokens=completion.input_tokens,
+        output_tokens=completion.output_tokens,
+    )
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _read_capped(response: httpx.Response, cap: int, *, truncate: bool = False) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_bytes():
+        size += len(chunk)
+        if size > cap:
+            if truncate:
+                chunks.append(chunk[: cap - (size - len(chunk))])
+                break
+            raise _TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,150 @@
+"""Reading an OpenAI-compatible chat completion: SSE frames of a stream, or one JSON body (pure).
+
+A ``Completion`` collects the frames of one stream. ``feed`` says what each frame was, which is
+what the stream gate needs: content (decisive: the channel is answering), an error object (decisive:
+the channel failed inside a 200), or something that decides nothing yet (a role-only delta, a
+keep-alive comment, a usage frame). Providers put an error inside a 200 either as a frame
+``{"error": {...}}`` or as an SSE ``event: error``; both count.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Frame(StrEnum):
+    CONTENT = "content"  # decisive: text, a tool call or a finish reason
+    ERROR = "error"  # decisive: an error object inside the 200
+    PENDING = "pending"  # decides nothing
+    DONE = "done"  # data: [DONE]
+    BAD = "bad"  # not JSON, or not a chat completion chunk
+
+
+class BadCompletion(ValueError):
+    """A 2xx body that is not a chat completion."""
+
+
+@dataclass
+class Completion:
+    parts: list[str] = field(default_factory=list)
+    model: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    finish_reason: str | None = None
+    error_message: str | None = None
+    saw_choice: bool = False
+    done: bool = False
+    _event: str | None = None
+    _data: list[str] = field(default_factory=list)
+
+    @property
+    def content(self) -> str:
+        return "".join(self.parts)
+
+    def feed_line(self, line: str) -> Frame | None:
+        """One line of the SSE stream; a frame when a blank line ends an event, else None."""
+        if line == "":
+            if not self._data:
+                self._event = None
+                return None
+            data, event = "\n".join(self._data), self._event
+            self._data, self._event = [], None
+            return self.feed(data, event)
+        if line.startswith(":"):
+            return None  # a keep-alive comment (OpenRouter sends them while the model thinks)
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        return None
+
+    def finish(self) -> Frame | None:
+        """The stream ended: an event not followed by a blank line still counts."""
+        return self.feed_line("")
+
+    def feed(self, data: str, event: str | None = None) -> Frame:
+        if data.strip() == "[DONE]":
+            self.done = True
+            return Frame.DONE
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            return Frame.BAD
+        if not isinstance(chunk, dict):
+            return Frame.BAD
+        if event == "error" or "error" in chunk:
+            self.error_message = _error_message(chunk)
+            return Frame.ERROR
+        return self._chunk(chunk)
+
+    def _chunk(self, chunk: dict[str, Any]) -> Frame:
+        if isinstance(chunk.get("model"), str):
+            self.model = chunk["model"]
+        self._usage(chunk.get("usage"))
+        choices = chunk.get("choices")
+        if not isinstance(choices, list):
+            return Frame.BAD
+        decisive = False
+        for choice in choices[:1]:  # n=1: only the first choice is ever asked for
+            if not isinstance(choice, dict):
+                return Frame.BAD
+            self.saw_choice = True
+            delta = choice.get("delta") or choice.get("message") or {}
+            if not isinstance(delta, dict):
+                return Frame.BAD
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                self.parts.append(text)
+                decisive = True
+            if delta.get("tool_calls") or delta.get("refusal"):
+                decisive = True
+            if choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
+                decisive = True
+        return Frame.CONTENT if decisive else Frame.PENDING
+
+    def _usage(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt >= 0:
+            self.input_tokens = prompt
+        if isinstance(completion, int) and not isinstance(completion, bool) and completion >= 0:
+            self.output_tokens = completion
+
+
+def parse_body(body: bytes) -> Completion:
+    """A non-streamed answer (a provider that ignored ``stream: true``). An error object inside the
+    200 sets ``error_message``; anything else that is not a completion raises ``BadCompletion``."""
+    completion = Completion()
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadCompletion("the body is not UTF-8") from None
+    frame = completion.feed(text)
+    if frame is Frame.BAD or frame is Frame.DONE or (not completion.saw_choice and frame is not Frame.ERROR):
+        raise BadCompletion("the body is not a chat completion")
+    completion.done = True
+    return completion
+
+
+def error_message(body: bytes) -> str:
+    """The message of an OpenAI-style error body, or the start of whatever the body is."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body[:300].decode("utf-8", "replace").strip()
+    return _error_message(parsed) if isinstance(parsed, dict) else str(parsed)[:300]
+
+
+def _error_message(chunk: dict[str, Any]) -> str:
+    error = chunk.get("error", chunk)
+    if isinstance(error, dict):
+        message = error.get("message") or error.get("code") or error.get("type") or json.dumps(error)
+        return str(message)[:300]
+    return str(error)[:300]
