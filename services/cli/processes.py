@@ -53,6 +53,18 @@ PROCESSES: tuple[ProcessSpec, ...] = (
         "acceptance: outbox relay to RabbitMQ",
         "services.acceptance.settings:relay_ready_url",
     ),
+    ProcessSpec(
+        "delivery-worker",
+        "services.delivery.worker:main",
+        "delivery: ingest completion events, sign and POST webhooks (metrics :9185)",
+        "services.delivery.settings:worker_ready_url",
+    ),
+    ProcessSpec(
+        "delivery-scheduler",
+        "services.delivery.scheduler:main",
+        "delivery: wake due retries, take back dead senders' claims (metrics :9186)",
+        "services.delivery.settings:scheduler_ready_url",
+    ),
 )
 
 
