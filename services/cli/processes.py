@@ -36,6 +36,12 @@ def _resolve(target: str) -> Callable[..., Any]:
 # Order matters: `fatura up` starts them in this order and stops them in reverse.
 PROCESSES: tuple[ProcessSpec, ...] = (
     ProcessSpec(
+        "erp",
+        "services.sandbox.erp.server:main",
+        "sandbox: reference ERP webhook receiver (:8091)",
+        "services.sandbox.erp.settings:ready_url",
+    ),
+    ProcessSpec(
         "limiter",
         "services.limiter.server:main",
         "limiter: gRPC LimiterService (:50052)",

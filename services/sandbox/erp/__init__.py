@@ -1,0 +1,1 @@
+"""The reference ERP receiver: a real HTTP server that receives Fatura's webhooks through fatura_sdk."""
