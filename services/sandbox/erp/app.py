@@ -23,7 +23,7 @@ from fatura_sdk.webhooks import decode_secret
 from services.common import faults as fault_points
 from services.sandbox.erp import ledger
 from services.sandbox.erp.faults import Fault, Faults, FaultSpecError, parse_fault
-from services.sandbox.erp.settings import CRASH_AFTER_INBOX_COMMIT, ErpSettings
+from services.sandbox.erp.settings import ERP_CRASH_AFTER_COMMIT, ErpSettings
 
 log = logging.getLogger("services.sandbox.erp")
 
@@ -104,7 +104,7 @@ async def webhooks(request: web.Request) -> web.StreamResponse:
     response = await erp.db(erp.receiver.handle, headers, body)
     if response.outcome == "accepted":
         # The chaos point the design names: the inbox has committed, the sender has no answer yet.
-        fault_points.point(erp.settings.common.faults, CRASH_AFTER_INBOX_COMMIT)
+        fault_points.point(erp.settings.common.faults, ERP_CRASH_AFTER_COMMIT)
     log.info("webhook %s -> %d %s", response.webhook_id or "?", response.status, response.outcome)
     return web.json_response(response.body, status=response.status, headers=response.headers)
 

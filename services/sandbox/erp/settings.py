@@ -12,8 +12,9 @@ from services.common import faults
 from services.common.settings import CommonSettings, SettingsError, env_int, env_str
 
 ROOT = Path(__file__).resolve().parents[3]
-CRASH_AFTER_INBOX_COMMIT = "crash_after_inbox_commit"
-ERP_FAULTS = frozenset({CRASH_AFTER_INBOX_COMMIT})
+ERP_CRASH_AFTER_COMMIT = "erp_crash_after_commit"
+# Its own name: the inference worker has a crash_after_inbox_commit, and one FATURA_FAULTS may reach both.
+ERP_FAULTS = frozenset({ERP_CRASH_AFTER_COMMIT})
 
 
 @dataclass(frozen=True)
