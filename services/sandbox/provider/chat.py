@@ -1,0 +1,241 @@
+"""``POST /v1/chat/completions``: auth, the request, the limits, a fault if one is set, the answer.
+
+Everything a request asks for is decided before the first await (extraction is cheap and pure), so
+one event loop serves hundreds of slow or hanging requests at once. A request holds a concurrency
+slot from admission until its last byte is sent or its client has gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from services.sandbox.provider import faults as fault_modes
+from services.sandbox.provider import wire
+from services.sandbox.provider.extract import extract
+from services.sandbox.provider.faults import Fault, FaultBoard
+from services.sandbox.provider.limits import Limits, Stats
+from services.sandbox.provider.settings import ProviderSettings
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+CONTENT_FAULTS = frozenset({"broken_json", "hallucinated_iban", "obey_injection"})
+DISCONNECT_POLL_S = 0.25
+
+
+@dataclass
+class Simulator:
+    """The state one provider process keeps: limits, counts, the active fault."""
+
+    settings: ProviderSettings
+    limits: Limits
+    stats: Stats = field(default_factory=Stats)
+    faults: FaultBoard = field(default_factory=FaultBoard)
+    rng: random.Random = field(default_factory=random.Random)
+
+    @classmethod
+    def from_settings(cls, settings: ProviderSettings) -> Simulator:
+        return cls(settings, Limits(settings.rpm, settings.tpm, settings.concurrency))
+
+    def latency_s(self) -> float:
+        mean = self.settings.latency_ms / 1000.0
+        if mean <= 0 or self.settings.latency_distribution == "fixed":
+            return mean
+        if self.settings.latency_distribution == "exponential":
+            return self.rng.expovariate(1.0 / mean)
+        sigma = 0.5  # lognormal with this spread and the configured mean
+        return self.rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma)
+
+    def release(self) -> None:
+        self.limits.release()
+        self.stats.in_flight(self.limits.in_flight)
+
+
+def error(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def authorized(settings: ProviderSettings, request: Request) -> bool:
+    if settings.api_key is None:
+        return True
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(key.strip().encode(), settings.api_key.encode())
+
+
+def unauthorized(sim: Simulator) -> JSONResponse:
+    sim.stats.count("unauthorized")
+    message = "Incorrect API key provided. The simulator was started with FATURA_SANDBOX_PROVIDER_API_KEY."
+    return error(401, wire.error_body(message, "invalid_request_error", "invalid_api_key"))
+
+
+async def chat_completions(request: Request) -> Response:
+    sim: Simulator = request.app.state.sim
+    if not authorized(sim.settings, request):
+        return unauthorized(sim)
+    try:
+        chat = wire.parse_request(await _json_body(request))
+    except wire.RequestError as exc:
+        sim.stats.count("bad_request" if exc.status == 400 else "too_large")
+        return error(exc.status, exc.body())
+    if chat.model not in sim.settings.models:
+        sim.stats.count("model_not_found")
+        message = f"The model `{chat.model}` does not exist or you do not have access to it."
+        return error(404, wire.error_body(message, "invalid_request_error", "model_not_found", "model"))
+
+    document = chat.document
+    result = extract(document)
+    fault = sim.faults.draw()
+    if fault is not None and fault.mode == "hallucinated_iban" and result["supplier"]["name"]:
+        result = fault_modes.hallucinate_iban(result, document)
+    elif fault is not None and fault.mode == "obey_injection":
+        result = fault_modes.obey_injection(result, document)
+    content = fault_modes.dumps(result)
+    if fault is not None and fault.mode == "broken_json":
+        content = fault_modes.broken_json(content)
+    finish = "stop"
+    if chat.max_tokens is not None and wire.estimate_tokens(content) > chat.max_tokens:
+        content, finish = content[: chat.max_tokens * 4], "length"
+    prompt_tokens, completion_tokens = chat.prompt_tokens, wire.estimate_tokens(content)
+
+    if fault is not None and fault.mode in {"rate_limit_storm", "server_error"}:
+        sim.stats.count(f"fault_{fault.mode}")
+        return _transport_fault(fault)
+    denial = sim.limits.admit(prompt_tokens + completion_tokens)
+    if denial is not None:
+        if fault is not None:
+            sim.faults.give_back(fault)
+        sim.stats.count(f"limited_{denial.limit}")
+        body = wire.error_body(
+            denial.message, "tokens" if denial.limit == "tpm" else "requests", "rate_limit_exceeded"
+        )
+        return error(429, body, {"Retry-After": str(denial.retry_after_s)})
+    sim.stats.in_flight(sim.limits.in_flight)
+    sim.stats.count("ok" if fault is None else f"fault_{fault.mode}")
+    answer = _Answer(chat, content, finish, prompt_tokens, completion_tokens, fault)
+    try:
+        wait = answer.fault_delay("hang_before_headers") or sim.latency_s()
+        if wait > 0 and not await _sleep_unless_gone(request, wait):
+            sim.release()
+            return Response(status_code=499)  # nobody is listening any more
+        if fault is None or fault.mode in CONTENT_FAULTS | {"hang_before_headers"}:
+            sim.stats.usage(prompt_tokens, completion_tokens)
+        if chat.stream or answer.fault_delay("slow_stream"):
+            return StreamingResponse(
+                _released(sim, answer.stream() if chat.stream else answer.slow_body()),
+                media_type="text/event-stream" if chat.stream else "application/json",
+                headers={"Cache-Control": "no-cache"},
+            )
+        if fault is not None and fault.mode == "error_frame":
+            sim.release()
+            return JSONResponse(_error_frame())
+        sim.release()
+        return JSONResponse(wire.completion(chat.model, content, prompt_tokens, completion_tokens, finish))
+    except BaseException:
+        sim.release()
+        raise
+
+
+@dataclass(frozen=True)
+class _Answer:
+    chat: wire.ChatRequest
+    content: str
+    finish: str
+    prompt_tokens: int
+    completion_tokens: int
+    fault: Fault | None
+
+    def fault_delay(self, mode: str) -> float:
+        return self.fault.delay_s if self.fault is not None and self.fault.mode == mode else 0.0
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        if self.fault is not None and self.fault.mode == "error_frame":
+            yield _sse(_error_frame())  # the 200 is already sent: the error can only be a frame
+            return
+        cid, model, gap = wire.completion_id(), self.chat.model, self.fault_delay("slow_stream")
+        yield _sse(wire.chunk(cid, model, {"role": "assistant", "content": ""}))
+        for piece in wire.pieces(self.content):
+            if gap:
+                await asyncio.sleep(gap)
+            yield _sse(wire.chunk(cid, model, {"content": piece}))
+        yield _sse(wire.chunk(cid, model, {}, self.finish))
+        if self.chat.include_usage:
+            yield _sse(wire.usage_chunk(cid, model, self.prompt_tokens, self.completion_tokens))
+        yield b"data: [DONE]\n\n"
+
+    async def slow_body(self) -> AsyncIterator[bytes]:
+        """A non-streaming answer under ``slow_stream``: the headers at once, the body in slow pieces."""
+        answer = wire.completion(
+            self.chat.model, self.content, self.prompt_tokens, self.completion_tokens, self.finish
+        )
+        body = json.dumps(answer, ensure_ascii=False)
+        for index, piece in enumerate(wire.pieces(body)):
+            if index:
+                await asyncio.sleep(self.fault_delay("slow_stream"))
+            yield piece.encode()
+
+
+async def _released(sim: Simulator, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        async for part in body:
+            yield part
+    finally:
+        sim.release()
+
+
+def _transport_fault(fault: Fault) -> JSONResponse:
+    if fault.mode == "rate_limit_storm":
+        body = wire.error_body("Rate limit reached (simulated storm).", "requests", "rate_limit_exceeded")
+        return error(429, body, {"Retry-After": str(fault.retry_after)})
+    body = wire.error_body(
+        "The server had an error while processing your request (simulated).", "server_error", None
+    )
+    return error(fault.status, body)
+
+
+def _error_frame() -> dict[str, Any]:
+    return wire.error_body(
+        "The upstream model failed after the stream started (simulated).", "server_error", "upstream_error"
+    )
+
+
+def _sse(body: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def _json_body(request: Request) -> Any:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise wire.RequestError(
+            413, "The request body is too large.", type_="invalid_request_error", code=None
+        )
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise wire.RequestError(
+            413, "The request body is too large.", type_="invalid_request_error", code=None
+        )
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise wire.bad_request(f"The request body is not valid JSON: {exc}") from None
+
+
+async def _sleep_unless_gone(request: Request, seconds: float) -> bool:
+    """Sleep ``seconds``; False as soon as the client has disconnected."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
+    while (left := until - loop.time()) > 0:
+        await asyncio.sleep(min(left, DISCONNECT_POLL_S))
+        if await request.is_disconnected():
+            return False
+    return True

@@ -1,0 +1,80 @@
+"""IBANs in document text: finding them as printed (grouped by spaces), checking and making them.
+
+The simulator reads IBANs, and under the ``hallucinated_iban`` fault invents one whose checksum is
+valid, so that only a check against the source text and the master data can catch it.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+# ISO 13616 lengths of the countries an invoice here is likely to name; others keep what was printed.
+LENGTHS = {
+    "AT": 20, "BE": 16, "CH": 21, "CZ": 24, "DE": 22, "DK": 18, "ES": 24, "FI": 18, "FR": 27,
+    "GB": 22, "GR": 27, "IE": 22, "IT": 27, "LU": 20, "NL": 18, "NO": 15, "PL": 28, "PT": 25,
+    "SE": 24, "TR": 26,
+}  # fmt: skip
+
+# Two letters, two check digits, then groups of up to four letters/digits separated by one space.
+CANDIDATE = re.compile(r"(?<![A-Za-z0-9])([A-Z]{2}\d{2}(?: ?[A-Z0-9]{1,4}){3,8})(?![A-Za-z0-9])")
+
+
+@dataclass(frozen=True)
+class FoundIban:
+    value: str  # compact: letters and digits only
+    quote: str  # exactly as printed
+
+
+def find_ibans(text: str) -> list[FoundIban]:
+    """Every IBAN-shaped string in reading order (checksum not checked: a wrong one is still stated)."""
+    found: list[FoundIban] = []
+    for match in CANDIDATE.finditer(text):
+        printed = match.group(1)
+        compact = printed.replace(" ", "")
+        length = LENGTHS.get(compact[:2])
+        if length is not None:
+            if len(compact) < length:
+                continue
+            printed = _prefix_with(printed, length)
+            compact = compact[:length]
+        if len(compact) >= 14:
+            found.append(FoundIban(compact, printed))
+    return found
+
+
+def _prefix_with(printed: str, characters: int) -> str:
+    """The shortest prefix of ``printed`` holding ``characters`` non-space characters."""
+    seen = 0
+    for index, char in enumerate(printed):
+        if char != " ":
+            seen += 1
+            if seen == characters:
+                return printed[: index + 1]
+    return printed
+
+
+def checksum_ok(iban: str) -> bool:
+    compact = iban.replace(" ", "").upper()
+    if not re.fullmatch(r"[A-Z]{2}\d{2}[A-Z0-9]{10,30}", compact):
+        return False
+    return _mod97(compact[4:] + compact[:4]) == 1
+
+
+def _mod97(characters: str) -> int:
+    return int("".join(str(int(c, 36)) for c in characters)) % 97
+
+
+def make_iban(country: str, seed: str) -> str:
+    """A checksum-valid IBAN for ``country`` with digits drawn from ``seed`` (deterministic)."""
+    country = country.upper() if re.fullmatch(r"[A-Za-z]{2}", country) else "DE"
+    rng = random.Random(seed)
+    bban = "".join(str(rng.randrange(10)) for _ in range(LENGTHS.get(country, 22) - 4))
+    check = 98 - _mod97(bban + country + "00")
+    return f"{country}{check:02d}{bban}"
+
+
+def grouped(iban: str) -> str:
+    """Printed the way invoices print it: groups of four."""
+    return " ".join(iban[i : i + 4] for i in range(0, len(iban), 4))

@@ -1,0 +1,58 @@
+"""Settings of the simulated provider (``fatura sandbox provider``), read once from ``FATURA_*``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from services.common.settings import SettingsError, env_float, env_int, env_set, env_str
+
+Distribution = Literal["fixed", "exponential", "lognormal"]
+DISTRIBUTIONS: tuple[Distribution, ...] = ("fixed", "exponential", "lognormal")
+
+
+@dataclass(frozen=True)
+class ProviderSettings:
+    host: str = "127.0.0.1"
+    port: int = 8090
+    rpm: int = 0  # requests per sliding 60 s; 0 = unlimited
+    tpm: int = 0  # prompt + completion tokens per sliding 60 s; 0 = unlimited
+    concurrency: int = 0  # requests in progress at once; 0 = unlimited
+    latency_ms: float = 0.0  # mean added latency before the answer
+    latency_distribution: Distribution = "fixed"
+    api_key: str | None = None  # None: any bearer key (or none) is accepted
+    models: tuple[str, ...] = ("fatura-sim-1",)
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ProviderSettings:
+        env = os.environ if env is None else env
+        distribution = env_str(env, "FATURA_SANDBOX_PROVIDER_LATENCY_DISTRIBUTION", "fixed").lower()
+        if distribution not in DISTRIBUTIONS:
+            raise SettingsError(
+                f"FATURA_SANDBOX_PROVIDER_LATENCY_DISTRIBUTION={distribution!r} is not one of "
+                + ", ".join(DISTRIBUTIONS)
+            )
+        models = tuple(sorted(env_set(env, "FATURA_SANDBOX_PROVIDER_MODELS"))) or cls.models
+        api_key = env_str(env, "FATURA_SANDBOX_PROVIDER_API_KEY", "") or None
+        level = env_str(env, "FATURA_LOG_LEVEL", "INFO").upper()
+        return cls(
+            host=env_str(env, "FATURA_SANDBOX_PROVIDER_HOST", cls.host),
+            port=env_int(env, "FATURA_SANDBOX_PROVIDER_PORT", cls.port, lo=1, hi=65535),
+            rpm=env_int(env, "FATURA_SANDBOX_PROVIDER_RPM", 0, lo=0, hi=10_000_000),
+            tpm=env_int(env, "FATURA_SANDBOX_PROVIDER_TPM", 0, lo=0, hi=10_000_000_000),
+            concurrency=env_int(env, "FATURA_SANDBOX_PROVIDER_CONCURRENCY", 0, lo=0, hi=100_000),
+            latency_ms=env_float(env, "FATURA_SANDBOX_PROVIDER_LATENCY_MS", 0.0, lo=0.0, hi=600_000.0),
+            latency_distribution=distribution,  # checked against DISTRIBUTIONS above
+            api_key=api_key,
+            models=models,
+            log_level=level if level in {"DEBUG", "INFO", "WARNING", "ERROR"} else "INFO",
+        )
+
+
+def ready_url() -> str:
+    settings = ProviderSettings.from_env()
+    host = "127.0.0.1" if settings.host in {"0.0.0.0", ""} else settings.host
+    return f"http://{host}:{settings.port}/readyz"
