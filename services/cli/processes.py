@@ -42,6 +42,12 @@ PROCESSES: tuple[ProcessSpec, ...] = (
         "services.sandbox.erp.settings:ready_url",
     ),
     ProcessSpec(
+        "provider",
+        "services.sandbox.provider.server:main",
+        "sandbox: simulated OpenAI-compatible LLM provider (:8090)",
+        "services.sandbox.provider.settings:ready_url",
+    ),
+    ProcessSpec(
         "limiter",
         "services.limiter.server:main",
         "limiter: gRPC LimiterService (:50052)",
@@ -58,6 +64,18 @@ PROCESSES: tuple[ProcessSpec, ...] = (
         "services.acceptance.relay:main",
         "acceptance: outbox relay to RabbitMQ",
         "services.acceptance.settings:relay_ready_url",
+    ),
+    ProcessSpec(
+        "inference-worker",
+        "services.inference.worker:main",
+        "inference: ingest requested events, claim jobs fairly, call the model (metrics :9183)",
+        "services.inference.settings:worker_ready_url",
+    ),
+    ProcessSpec(
+        "inference-scheduler",
+        "services.inference.scheduler:main",
+        "inference: reap expired leases, fail overdue jobs, top up wake-ups (metrics :9184)",
+        "services.inference.settings:scheduler_ready_url",
     ),
     ProcessSpec(
         "delivery-worker",

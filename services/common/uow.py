@@ -37,7 +37,9 @@ class JobChange:
     job_id: uuid.UUID
     state: str
     state_version: int
-    event_type: str
+    # The outbox event this change publishes; None for a change only the job's history records
+    # (RUNNING, RETRY_SCHEDULED): no consumer acts on those.
+    event_type: str | None
     detail: Mapping[str, Any] | None = None
     event_id: uuid.UUID = field(default_factory=new_id)
 
@@ -73,6 +75,9 @@ class UnitOfWork:
         return self.conn.execute(query, params)
 
     def record(self, change: JobChange) -> uuid.UUID:
+        if change.event_type is None:
+            self.conn.execute(Q["record_job_event"], change.params())
+            return change.event_id
         self.conn.execute(Q["record_change"], change.params())
         self.recorded.append(change)
         return change.event_id
@@ -100,6 +105,9 @@ class AsyncUnitOfWork:
         return await self.conn.execute(query, params)
 
     async def record(self, change: JobChange) -> uuid.UUID:
+        if change.event_type is None:
+            await self.conn.execute(Q["record_job_event"], change.params())
+            return change.event_id
         await self.conn.execute(Q["record_change"], change.params())
         self.recorded.append(change)
         return change.event_id

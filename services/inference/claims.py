@@ -1,0 +1,255 @@
+"""Claims and completions: the short, fenced transactions through which a worker owns a job.
+
+A claim picks the next job by the fair-share choice, asks the limiter for a permit for it, and in
+the same short transaction either starts it (``RUNNING``, attempt + 1, fence + 1, a lease) or
+defers it (``available_at`` moved by the limiter's retry-after: not an attempt). The limiter call
+is bounded by the client's 50 ms deadline; no provider call ever happens inside a transaction.
+
+A completion is conditional on ``state = 'RUNNING' AND fence = :fence AND lease_until > now()``.
+Zero rows updated means ownership was lost: the result is discarded, the job is not touched, and
+the attempt is still logged with outcome ``stale`` because the provider call was made.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from services.common import events, states
+from services.common.queries import load_queries
+from services.common.uow import JobChange, UnitOfWork, unit_of_work
+from services.inference import metrics
+from services.inference.fairness import TenantLoad, order_tenants, prefer
+from services.inference.providers.base import Hop
+from services.limiter.model import Denial, Grant
+
+log = logging.getLogger(__name__)
+Q = load_queries(Path(__file__).with_name("sql") / "inference.sql")
+
+EVENT_FOR_STATE: dict[str, str | None] = {
+    states.SUCCEEDED: events.EXTRACTION_COMPLETED,
+    states.REVIEW_REQUIRED: events.EXTRACTION_REVIEW_REQUIRED,
+    states.FAILED_TERMINAL: events.EXTRACTION_FAILED,
+    states.RETRY_SCHEDULED: None,
+}
+
+# Asks the limiter for a permit for (tenant, estimated input tokens).
+Acquire = Callable[[uuid.UUID, int], Grant | Denial]
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    job_id: uuid.UUID
+    tenant_id: uuid.UUID
+    state_version: int
+    attempt: int
+    fence: int
+    document_id: uuid.UUID
+    document_version: int
+    estimated_tokens: int
+    deadline_at: datetime
+    schema_version: str
+    priority: str
+
+
+@dataclass(frozen=True)
+class Started:
+    job: ClaimedJob
+    grant: Grant
+
+
+@dataclass(frozen=True)
+class Deferred:
+    job_id: uuid.UUID
+    reason: str
+    retry_after_ms: int
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What an attempt ends in: the job's next state and everything written with it."""
+
+    state: str
+    hops: tuple[Hop, ...]
+    result: Mapping[str, Any] | None = None
+    review_reasons: list[dict[str, Any]] | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+    usage: Mapping[str, int] | None = None
+    policy_version: str | None = None
+    available_at: datetime | None = None
+    refund_attempt: bool = False  # nothing was sent: the attempt does not count
+
+
+class Claims:
+    def __init__(
+        self,
+        pool: ConnectionPool[Any],
+        *,
+        worker_id: str,
+        model: str,
+        lease_seconds: float,
+        aging_seconds: float,
+    ) -> None:
+        self._pool = pool
+        self._worker_id = worker_id
+        self._model = model
+        self._lease_seconds = lease_seconds
+        self._aging = timedelta(seconds=aging_seconds)
+
+    def claim(self, acquire: Acquire) -> Started | Deferred | None:
+        """Start the next job by fair share, defer it when the limiter says no, or None when no
+        tenant has a job due."""
+        with unit_of_work(self._pool) as uow:
+            loads = [TenantLoad(**_load_fields(row)) for row in uow.execute(Q["tenant_loads"]).fetchall()]
+            if not loads:
+                return None
+            now = uow.execute("SELECT now() AS now").fetchone()["now"]  # type: ignore[index]
+            for tenant_id in order_tenants(loads, now, self._aging):
+                head = self._head(uow, tenant_id)
+                if head is None:
+                    continue  # its due jobs are being claimed by other slots right now
+                decision = acquire(tenant_id, int(head["estimated_tokens"]))
+                if isinstance(decision, Denial):
+                    seconds = decision.retry_after_ms / 1000
+                    uow.execute(Q["defer_job"], {"job_id": head["id"], "seconds": seconds})
+                    metrics.DEFERRALS.labels(decision.reason.value).inc()
+                    return Deferred(head["id"], decision.reason.value, decision.retry_after_ms)
+                return Started(self._start(uow, head["id"]), decision)
+            return None
+
+    def _head(self, uow: UnitOfWork, tenant_id: uuid.UUID) -> dict[str, Any] | None:
+        heads = {
+            priority: uow.execute(Q["head_job"], {"tenant_id": tenant_id, "priority": priority}).fetchone()
+            for priority in ("interactive", "batch")
+        }
+        choice = prefer(
+            heads["interactive"]["available_at"] if heads["interactive"] else None,
+            heads["batch"]["available_at"] if heads["batch"] else None,
+            self._aging,
+        )
+        return heads[choice] if choice else None
+
+    def _start(self, uow: UnitOfWork, job_id: uuid.UUID) -> ClaimedJob:
+        params = {
+            "job_id": job_id,
+            "lease_seconds": self._lease_seconds,
+            "worker_id": self._worker_id,
+            "model": self._model,
+        }
+        row = uow.execute(Q["start_job"], params).fetchone()
+        assert row is not None, "the head row is locked by this transaction"
+        uow.record(
+            JobChange(
+                row["tenant_id"], job_id, states.RUNNING, row["state_version"], None, _claim_detail(row)
+            )
+        )
+        return ClaimedJob(
+            job_id=row["id"],
+            tenant_id=row["tenant_id"],
+            state_version=row["state_version"],
+            attempt=row["attempt"],
+            fence=row["fence"],
+            document_id=row["document_id"],
+            document_version=row["document_version"],
+            estimated_tokens=row["estimated_tokens"],
+            deadline_at=row["deadline_at"],
+            schema_version=row["schema_version"],
+            priority=row["priority"],
+        )
+
+    def complete(self, job: ClaimedJob, completion: Completion) -> bool:
+        """Write the attempt's outcome if this worker still owns the job; False when it was stale."""
+        params = {
+            "job_id": job.job_id,
+            "fence": job.fence,
+            "state": completion.state,
+            "refund": 1 if completion.refund_attempt else 0,
+            "result": Jsonb(dict(completion.result)) if completion.result is not None else None,
+            "review_reasons": Jsonb(completion.review_reasons) if completion.review_reasons else None,
+            "error_class": completion.error_class,
+            "error_message": completion.error_message,
+            "usage": Jsonb(dict(completion.usage)) if completion.usage is not None else None,
+            "policy_version": completion.policy_version,
+            "available_at": completion.available_at,
+            "terminal": completion.state in states.TERMINAL,
+        }
+        with unit_of_work(self._pool) as uow:
+            row = uow.execute(Q["complete_job"], params).fetchone()
+            if row is not None:
+                if not completion.refund_attempt:
+                    self._log_hops(uow, job, completion.hops, stale=False)
+                detail = {"attempt": job.attempt, "error_class": completion.error_class}
+                change = JobChange(
+                    job.tenant_id,
+                    job.job_id,
+                    completion.state,
+                    row["state_version"],
+                    EVENT_FOR_STATE[completion.state],
+                    detail,
+                )
+                uow.record(change)
+                return True
+        with unit_of_work(self._pool) as uow:
+            self._log_hops(uow, job, completion.hops, stale=True)
+        metrics.STALE_COMPLETIONS.inc()
+        log.warning(
+            "job %s: ownership lost (fence %d); result of attempt %d discarded",
+            job.job_id,
+            job.fence,
+            job.attempt,
+        )
+        return False
+
+    def _log_hops(self, uow: UnitOfWork, job: ClaimedJob, hops: tuple[Hop, ...], *, stale: bool) -> None:
+        for hop in hops:
+            uow.execute(
+                Q["insert_attempt"],
+                {
+                    "job_id": job.job_id,
+                    "attempt": job.attempt,
+                    "fence": job.fence,
+                    "channel": hop.channel,
+                    "model": hop.model,
+                    "started_at": hop.started_at,
+                    "ended_at": hop.ended_at,
+                    "outcome": "stale" if stale else hop.outcome,
+                    "http_status": hop.http_status,
+                    "error_class": hop.error_class.value if hop.error_class else None,
+                    "retry_after_ms": hop.retry_after_ms,
+                    "input_tokens": hop.input_tokens,
+                    "output_tokens": hop.output_tokens,
+                    "latency_ms": hop.latency_ms,
+                },
+            )
+
+    def renew(self, owned: Mapping[uuid.UUID, int]) -> set[uuid.UUID]:
+        """Extend the leases of jobs this process still owns; returns the ids it no longer owns."""
+        if not owned:
+            return set()
+        ids = list(owned)
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                Q["renew_leases"],
+                {"job_ids": ids, "fences": [owned[i] for i in ids], "lease_seconds": self._lease_seconds},
+            ).fetchall()
+        return set(ids) - {row["id"] for row in rows}
+
+
+def _load_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        k: row[k]
+        for k in ("tenant_id", "weight", "max_in_flight", "running", "interactive_head", "batch_head")
+    }
+
+
+def _claim_detail(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"attempt": row["attempt"], "fence": row["fence"], "lease_until": row["lease_until"].isoformat()}

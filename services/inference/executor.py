@@ -1,0 +1,199 @@
+"""Execution slots: where the model calls happen, outside any transaction and any broker delivery.
+
+A ``run`` wake-up only starts a slot; the actor returns (and its message is acked) at once. A slot
+claims a job by fair share, runs the attempt, completes it under its fence, and claims again until
+nothing is due or the limiter says wait. A heartbeat thread renews the leases of the jobs this
+process runs and the limiter permits they hold; a job whose lease was taken away is left to its
+new owner (its completion will be refused as stale).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from psycopg_pool import ConnectionPool
+
+from services.common import faults
+from services.common.queries import load_queries
+from services.inference import metrics
+from services.inference.claims import Claims, Deferred, Started
+from services.inference.outcomes import WORKER_ERROR, decide
+from services.inference.permits import AttemptPermits
+from services.inference.prompt import build_messages
+from services.inference.providers.base import Provider, ProviderRequest, ProviderResult
+from services.inference.retry import RetryPolicy
+from services.inference.settings import InferenceSettings
+from services.inference.validation import MasterSupplier, ValidationContext, normalize_tax_id, validate
+from services.limiter.client import LimiterClient
+from services.limiter.model import Denial, Grant
+
+log = logging.getLogger(__name__)
+Q = load_queries(Path(__file__).with_name("sql") / "inference.sql")
+
+@dataclass
+class _Owned:
+    fence: int
+    permits: AttemptPermits
+
+
+class Executor:
+    def __init__(
+        self,
+        settings: InferenceSettings,
+        pool: ConnectionPool[Any],
+        limiter: LimiterClient,
+        provider: Provider,
+    ) -> None:
+        self._s = settings
+        self._pool = pool
+        self._limiter = limiter
+        self._provider = provider
+        self._claims = Claims(
+            pool,
+            worker_id=settings.worker_id,
+            model=settings.model,
+            lease_seconds=settings.lease_seconds,
+            aging_seconds=settings.priority_aging_seconds,
+        )
+        self._policy = RetryPolicy(
+            max_attempts=settings.max_attempts,
+            base_seconds=settings.retry_base_seconds,
+            cap_seconds=settings.retry_cap_seconds,
+            attempt_seconds=settings.attempt_deadline_seconds,
+            margin_seconds=settings.deadline_margin_seconds,
+        )
+        self._slots = threading.BoundedSemaphore(settings.concurrency)
+        self._threads = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="slot")
+        self._owned: dict[uuid.UUID, _Owned] = {}
+        self._owned_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._heartbeat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self._s.lease_seconds * 1000)
+
+    def wake(self) -> bool:
+        """Start a slot if one frees up within the wait; False when the wake-up is dropped."""
+        if self._stopping.is_set() or not self._slots.acquire(timeout=self._s.slot_wait_seconds):
+            return False
+        try:
+            self._threads.submit(self._slot)
+        except RuntimeError:  # shutting down
+            self._slots.release()
+            return False
+        return True
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._threads.shutdown(wait=True, cancel_futures=True)
+
+    def _slot(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                claimed = self._claims.claim(self._acquire)
+                if claimed is None:
+                    metrics.CLAIMS.labels("nothing_due").inc()
+                    return
+                if isinstance(claimed, Deferred):
+                    metrics.CLAIMS.labels("deferred").inc()
+                    return
+                metrics.CLAIMS.labels("started").inc()
+                self._run(claimed)
+        except Exception:
+            # The job, if one was claimed, keeps its lease until it expires; the reaper then
+            # reschedules it. The slot itself must survive for the next wake-up.
+            log.exception("execution slot failed")
+        finally:
+            self._slots.release()
+
+    def _acquire(self, tenant_id: uuid.UUID, estimated_tokens: int) -> Grant | Denial:
+        return self._limiter.acquire(
+            self._s.limiter_pool,
+            str(tenant_id),
+            estimated_tokens,
+            self._s.max_output_tokens,
+            lease_ms=self.lease_ms,
+        )
+
+    def _run(self, started: Started) -> None:
+        job = started.job
+        permits = AttemptPermits(
+            self._limiter,
+            tenant=str(job.tenant_id),
+            estimated_input_tokens=job.estimated_tokens,
+            max_output_tokens=self._s.max_output_tokens,
+            lease_ms=self.lease_ms,
+            primary_pool=self._s.limiter_pool,
+            primary=started.grant,
+        )
+        with self._owned_lock:
+            self._owned[job.job_id] = _Owned(job.fence, permits)
+        metrics.IN_FLIGHT.inc()
+        t0 = time.monotonic()
+        try:
+            text, context = self._context(job.job_id, job.tenant_id)
+            request = ProviderRequest(
+                model=self._s.model,
+                messages=build_messages(text, job.schema_version),
+                max_output_tokens=self._s.max_output_tokens,
+                deadline_s=self._s.attempt_deadline_seconds,
+                request_id=f"{job.job_id}:{job.attempt}",
+            )
+            try:
+                result = self._provider.complete(request, permits)
+            except Exception as exc:  # a bug in the call path must not lose the job: retry it
+                log.exception("job %s: provider call failed unexpectedly", job.job_id)
+                result = ProviderResult(None, error_class=None, error_message=f"{WORKER_ERROR}: {exc}"[:500])
+            faults.point(self._s.common.faults, faults.CRASH_AFTER_PROVIDER_RESPONSE)
+            verdict = validate(result.content, context) if result.content is not None else None
+            completion = decide(job, result, verdict, datetime.now(UTC), self._policy)
+            self._claims.complete(job, completion)
+            metrics.ATTEMPTS.labels(completion.state).inc()
+        finally:
+            permits.close()
+            with self._owned_lock:
+                self._owned.pop(job.job_id, None)
+            metrics.IN_FLIGHT.dec()
+            metrics.ATTEMPT_SECONDS.observe(time.monotonic() - t0)
+
+    def _context(self, job_id: uuid.UUID, tenant_id: uuid.UUID) -> tuple[str, ValidationContext]:
+        with self._pool.connection() as conn:
+            row = conn.execute(Q["job_context"], {"job_id": job_id}).fetchone()
+            assert row is not None, "a claimed job has its document"
+            suppliers = conn.execute(Q["tenant_suppliers"], {"tenant_id": tenant_id}).fetchall()
+        master = {
+            normalize_tax_id(s["tax_id"]): MasterSupplier(s["tax_id"], s["name"], s["iban"], s["currency"])
+            for s in suppliers
+        }
+        context = ValidationContext(
+            source_text=row["text"], allowed_currencies=frozenset(row["allowed_currencies"]), suppliers=master
+        )
+        return row["text"], context
+
+    def _beat(self) -> None:
+        while not self._stopping.wait(self._s.heartbeat_seconds):
+            with self._owned_lock:
+                owned = dict(self._owned)
+            if not owned:
+                continue
+            try:
+                lost = self._claims.renew({job_id: o.fence for job_id, o in owned.items()})
+            except Exception:
+                log.exception("heartbeat could not renew leases")
+                continue
+            for job_id in lost:
+                metrics.LEASES_LOST.inc()
+                log.warning("job %s: lease lost; its completion will be refused", job_id)
+            for job_id, o in owned.items():
+                if job_id not in lost:
+                    o.permits.renew()

@@ -1,0 +1,38 @@
+"""Prometheus metrics of the inference worker and scheduler."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+INBOX = Counter(
+    "fatura_inference_inbox_total", "Events received by the inference ingest actor, by result", ["result"]
+)
+CLAIMS = Counter("fatura_inference_claims_total", "Claim tries of execution slots, by result", ["result"])
+DEFERRALS = Counter(
+    "fatura_inference_deferrals_total", "Jobs deferred because the limiter denied a permit", ["reason"]
+)
+ATTEMPTS = Counter(
+    "fatura_inference_attempts_total", "Attempts finished by this worker, by the job's next state", ["state"]
+)
+STALE_COMPLETIONS = Counter(
+    "fatura_inference_stale_completions_total",
+    "Completions discarded because the worker no longer owned the job (fence or lease lost)",
+)
+LEASES_LOST = Counter(
+    "fatura_inference_leases_lost_total", "Running jobs whose lease a heartbeat found taken away"
+)
+IN_FLIGHT = Gauge("fatura_inference_in_flight", "Jobs this worker process is running now")
+ATTEMPT_SECONDS = Histogram(
+    "fatura_inference_attempt_seconds",
+    "Wall time of one attempt, from claim to completion",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 45, 90),
+)
+REAPED = Counter(
+    "fatura_scheduler_reaped_total", "Expired leases handled by the reaper, by result", ["state"]
+)
+EXPIRED = Counter("fatura_scheduler_deadline_expired_total", "Jobs failed because their deadline passed")
+WAKEUPS = Counter("fatura_scheduler_wakeups_sent_total", "Wake-ups sent by the scheduler's top-up")
+ELIGIBLE = Gauge("fatura_scheduler_eligible_jobs", "Jobs due to run now (capped at the wake-up target)")
+OLDEST_ELIGIBLE = Gauge(
+    "fatura_scheduler_oldest_eligible_age_seconds", "How long the oldest due job has waited to run"
+)

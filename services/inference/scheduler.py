@@ -1,0 +1,195 @@
+"""The inference scheduler process (``fatura run inference-scheduler``).
+
+Every pass: the reaper moves RUNNING jobs whose lease expired to RETRY_SCHEDULED (fence + 1, the
+attempt kept) or to FAILED_TERMINAL when the budget or the deadline is gone; jobs past their
+deadline fail; and the wake-up top-up keeps enough ``run`` wake-ups queued for the jobs that are
+due, which is what makes every eligible job run even when messages were lost. Several schedulers
+may run at once: rows are locked with SKIP LOCKED and one leader per pass does the top-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import dramatiq
+import psycopg
+from pika.exceptions import AMQPError
+from psycopg_pool import ConnectionPool
+
+from services.common import events, states
+from services.common.broker import QuorumRabbitmqBroker, make_broker
+from services.common.db import sync_pool
+from services.common.ops_server import start_ops_server
+from services.common.queries import load_queries
+from services.common.uow import JobChange, UnitOfWork, unit_of_work
+from services.common.worker import stop_on_signals
+from services.inference import metrics
+from services.inference.retry import GiveUp, RetryPolicy, next_step
+from services.inference.settings import InferenceSettings
+from services.inference.worker import queues
+
+log = logging.getLogger(__name__)
+Q = load_queries(Path(__file__).with_name("sql") / "scheduler.sql")
+
+TOPUP_LOCK_KEY = 0x46415455  # one leader per pass sends wake-ups
+LEASE_EXPIRED = "lease_expired"
+DEADLINE_EXCEEDED = "deadline_exceeded"
+
+
+class Scheduler:
+    def __init__(
+        self,
+        settings: InferenceSettings,
+        pool: ConnectionPool[Any],
+        broker: QuorumRabbitmqBroker,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._s = settings
+        self._pool = pool
+        self._broker = broker
+        self._rng = rng or random.Random()
+        self._run_queue = queues(settings.common.queue_prefix)[1]
+        self._policy = RetryPolicy(
+            max_attempts=settings.max_attempts,
+            base_seconds=settings.retry_base_seconds,
+            cap_seconds=settings.retry_cap_seconds,
+            attempt_seconds=settings.attempt_deadline_seconds,
+            margin_seconds=settings.deadline_margin_seconds,
+        )
+
+    def run_once(self) -> dict[str, int]:
+        return {"reaped": self.reap(), "expired": self.expire_deadlines(), "woken": self.top_up()}
+
+    def reap(self) -> int:
+        with unit_of_work(self._pool) as uow:
+            rows = uow.execute(Q["expired_leases"], {"batch": self._s.scheduler_batch}).fetchall()
+            now = datetime.now(UTC)
+            for row in rows:
+                lease = timedelta(seconds=self._s.lease_seconds)
+                uow.execute(
+                    Q["lease_expired_attempt"], {**_ids(row), "started_at": row["lease_until"] - lease}
+                )
+                step = next_step(row["attempt"], now, row["deadline_at"], self._policy, rng=self._rng)
+                message = f"the lease of {row['claimed_by']} expired during attempt {row['attempt']}"
+                if isinstance(step, GiveUp):
+                    self._fail(uow, row, LEASE_EXPIRED, f"{message}; no retry: {step.reason}")
+                    metrics.REAPED.labels(states.FAILED_TERMINAL).inc()
+                    continue
+                params = {
+                    "job_id": row["id"],
+                    "available_at": step.at,
+                    "error_class": LEASE_EXPIRED,
+                    "error_message": message,
+                }
+                version = uow.execute(Q["reschedule_job"], params).fetchone()
+                assert version is not None
+                detail = {"reason": LEASE_EXPIRED, "attempt": row["attempt"]}
+                change = JobChange(
+                    row["tenant_id"],
+                    row["id"],
+                    states.RETRY_SCHEDULED,
+                    version["state_version"],
+                    None,
+                    detail,
+                )
+                uow.record(change)
+                metrics.REAPED.labels(states.RETRY_SCHEDULED).inc()
+        return len(rows)
+
+    def expire_deadlines(self) -> int:
+        with unit_of_work(self._pool) as uow:
+            rows = uow.execute(Q["overdue_jobs"], {"batch": self._s.scheduler_batch}).fetchall()
+            for row in rows:
+                self._fail(
+                    uow, row, DEADLINE_EXCEEDED, f"the deadline passed while the job was {row['state']}"
+                )
+                metrics.EXPIRED.inc()
+        return len(rows)
+
+    def _fail(self, uow: UnitOfWork, row: dict[str, Any], error_class: str, message: str) -> None:
+        params = {"job_id": row["id"], "error_class": error_class, "error_message": message}
+        version = uow.execute(Q["fail_job"], params).fetchone()
+        assert version is not None
+        detail = {"reason": error_class}
+        uow.record(
+            JobChange(
+                row["tenant_id"],
+                row["id"],
+                states.FAILED_TERMINAL,
+                version["state_version"],
+                events.EXTRACTION_FAILED,
+                detail,
+            )
+        )
+
+    def top_up(self) -> int:
+        with self._pool.connection() as conn, conn.transaction():
+            leader = conn.execute(Q["try_lead"], {"key": TOPUP_LOCK_KEY}).fetchone()
+            if not leader or not leader["leader"]:
+                return 0
+            due = conn.execute(Q["due_jobs"], {"cap": self._s.wakeup_target}).fetchone()
+            assert due is not None
+            metrics.ELIGIBLE.set(due["due"])
+            oldest = due["oldest"]
+            metrics.OLDEST_ELIGIBLE.set((due["now"] - oldest).total_seconds() if oldest else 0)
+            if not due["due"]:
+                return 0
+            try:
+                queued = self._broker.get_queue_message_counts(self._run_queue)[0]
+                missing = max(0, int(due["due"]) - queued)
+                for _ in range(missing):
+                    self._broker.enqueue(
+                        dramatiq.Message(
+                            queue_name=self._run_queue, actor_name="run", args=(), kwargs={}, options={}
+                        )
+                    )
+            except (AMQPError, dramatiq.errors.ConnectionError) as exc:
+                log.warning("wake-up top-up failed: %s", exc)
+                return 0
+        metrics.WAKEUPS.inc(missing)
+        return missing
+
+
+def _ids(row: dict[str, Any]) -> dict[str, Any]:
+    return {"job_id": row["id"], "attempt": row["attempt"], "fence": row["fence"]}
+
+
+def main() -> int:
+    settings = InferenceSettings.from_env()
+    stop = threading.Event()
+    stop_on_signals(stop, "inference scheduler")
+    broker = make_broker(settings.common)
+    with sync_pool(settings.common, name="inference-scheduler", max_size=2) as pool:
+        broker.declare_queue(queues(settings.common.queue_prefix)[1], ensure=True)
+        scheduler = Scheduler(settings, pool, broker)
+
+        def ready() -> str | None:
+            try:
+                with pool.connection(timeout=2) as conn:
+                    conn.execute("SELECT 1")
+            except psycopg.Error as exc:
+                return f"PostgreSQL: {exc}"
+            return None
+
+        port = settings.scheduler_metrics_port
+        ops = start_ops_server(port, ready) if port else None
+        log.info("inference scheduler: a pass every %.2f s", settings.scheduler_interval_seconds)
+        try:
+            while not stop.is_set():
+                try:
+                    done = scheduler.run_once()
+                    if any(done.values()):
+                        log.info("scheduler pass: %s", done)
+                except (psycopg.Error, AMQPError, dramatiq.errors.ConnectionError) as exc:
+                    log.warning("scheduler pass failed: %s", exc)
+                stop.wait(settings.scheduler_interval_seconds)
+        finally:
+            broker.close()
+            if ops is not None:
+                ops.shutdown()
+    return 0

@@ -1,0 +1,98 @@
+-- Statements of the inference worker: the execution inbox, the fair claim, fenced completions and
+-- lease heartbeats. Every write to a job a worker owns is conditional on its fence.
+
+-- name: inbox_insert
+INSERT INTO execution_inbox (event_id, job_id, event_type, payload_digest)
+VALUES (%(event_id)s, %(job_id)s, %(event_type)s, %(digest)s)
+ON CONFLICT (event_id) DO NOTHING
+RETURNING event_id
+
+-- name: inbox_digest
+SELECT payload_digest FROM execution_inbox WHERE event_id = %(event_id)s
+
+-- name: inbox_quarantine
+INSERT INTO execution_inbox_quarantine (event_id, stored_digest, received_digest, payload)
+VALUES (%(event_id)s, %(stored_digest)s, %(digest)s, %(payload)s)
+
+-- name: tenant_loads
+-- Tenants with eligible work, found by a skip scan of extraction_jobs_eligible_by_tenant (one
+-- index probe per tenant, not a scan of the backlog), with what the fair choice needs of each.
+WITH RECURSIVE t AS (
+    (SELECT tenant_id FROM extraction_jobs
+      WHERE state IN ('READY', 'RETRY_SCHEDULED') ORDER BY tenant_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT e.tenant_id FROM extraction_jobs e
+             WHERE e.state IN ('READY', 'RETRY_SCHEDULED') AND e.tenant_id > t.tenant_id
+             ORDER BY e.tenant_id LIMIT 1)
+    FROM t WHERE t.tenant_id IS NOT NULL
+)
+SELECT t.tenant_id, tn.weight, tn.max_in_flight, now() AS now,
+       (SELECT count(*) FROM extraction_jobs r
+         WHERE r.tenant_id = t.tenant_id AND r.state = 'RUNNING') AS running,
+       (SELECT min(i.available_at) FROM extraction_jobs i
+         WHERE i.tenant_id = t.tenant_id AND i.priority = 'interactive'
+           AND i.state IN ('READY', 'RETRY_SCHEDULED')) AS interactive_head,
+       (SELECT min(b.available_at) FROM extraction_jobs b
+         WHERE b.tenant_id = t.tenant_id AND b.priority = 'batch'
+           AND b.state IN ('READY', 'RETRY_SCHEDULED')) AS batch_head
+FROM t JOIN tenants tn ON tn.id = t.tenant_id
+WHERE t.tenant_id IS NOT NULL
+
+-- name: head_job
+SELECT id, available_at, estimated_tokens FROM extraction_jobs
+WHERE tenant_id = %(tenant_id)s AND priority = %(priority)s
+  AND state IN ('READY', 'RETRY_SCHEDULED') AND available_at <= now()
+ORDER BY available_at
+LIMIT 1
+FOR UPDATE SKIP LOCKED
+
+-- name: start_job
+UPDATE extraction_jobs
+SET state = 'RUNNING', state_version = state_version + 1, attempt = attempt + 1, fence = fence + 1,
+    lease_until = now() + make_interval(secs => %(lease_seconds)s), claimed_by = %(worker_id)s,
+    model = %(model)s, updated_at = now()
+WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED')
+RETURNING id, tenant_id, state, state_version, attempt, fence, lease_until, document_id,
+          document_version, estimated_tokens, deadline_at, schema_version, priority
+
+-- name: defer_job
+UPDATE extraction_jobs
+SET available_at = greatest(available_at, now() + make_interval(secs => %(seconds)s)), updated_at = now()
+WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED')
+
+-- name: job_context
+SELECT d.text, t.allowed_currencies
+FROM extraction_jobs j
+JOIN documents d ON d.tenant_id = j.tenant_id AND d.id = j.document_id AND d.version = j.document_version
+JOIN tenants t ON t.id = j.tenant_id
+WHERE j.id = %(job_id)s
+
+-- name: tenant_suppliers
+SELECT tax_id, name, iban, currency FROM suppliers WHERE tenant_id = %(tenant_id)s
+
+-- name: complete_job
+UPDATE extraction_jobs
+SET state = %(state)s, state_version = state_version + 1, lease_until = NULL,
+    attempt = attempt - %(refund)s,
+    result = %(result)s, review_reasons = %(review_reasons)s, error_class = %(error_class)s,
+    error_message = %(error_message)s, usage = %(usage)s,
+    policy_version = coalesce(%(policy_version)s, policy_version),
+    available_at = coalesce(%(available_at)s, available_at),
+    finished_at = CASE WHEN %(terminal)s THEN now() END, updated_at = now()
+WHERE id = %(job_id)s AND state = 'RUNNING' AND fence = %(fence)s AND lease_until > now()
+RETURNING tenant_id, state_version
+
+-- name: insert_attempt
+INSERT INTO job_attempts (job_id, attempt, fence, channel, model, started_at, ended_at, outcome,
+                          http_status, error_class, retry_after_ms, input_tokens, output_tokens,
+                          latency_ms)
+VALUES (%(job_id)s, %(attempt)s, %(fence)s, %(channel)s, %(model)s, %(started_at)s, %(ended_at)s,
+        %(outcome)s, %(http_status)s, %(error_class)s, %(retry_after_ms)s, %(input_tokens)s,
+        %(output_tokens)s, %(latency_ms)s)
+
+-- name: renew_leases
+UPDATE extraction_jobs j
+SET lease_until = now() + make_interval(secs => %(lease_seconds)s)
+FROM unnest(%(job_ids)s::uuid[], %(fences)s::bigint[]) AS h(id, fence)
+WHERE j.id = h.id AND j.fence = h.fence AND j.state = 'RUNNING' AND j.lease_until > now()
+RETURNING j.id

@@ -1,0 +1,48 @@
+-- Statements of the inference scheduler. Each pass locks its rows with SKIP LOCKED, so several
+-- schedulers at once never handle the same job twice.
+
+-- name: expired_leases
+SELECT id, tenant_id, attempt, fence, deadline_at, claimed_by, lease_until
+FROM extraction_jobs
+WHERE state = 'RUNNING' AND lease_until < now()
+ORDER BY lease_until
+LIMIT %(batch)s
+FOR UPDATE SKIP LOCKED
+
+-- name: overdue_jobs
+SELECT id, tenant_id, state, attempt, fence
+FROM extraction_jobs
+WHERE state IN ('READY', 'RUNNING', 'RETRY_SCHEDULED') AND deadline_at <= now()
+ORDER BY deadline_at
+LIMIT %(batch)s
+FOR UPDATE SKIP LOCKED
+
+-- name: reschedule_job
+UPDATE extraction_jobs
+SET state = 'RETRY_SCHEDULED', state_version = state_version + 1, fence = fence + 1,
+    lease_until = NULL, available_at = %(available_at)s, error_class = %(error_class)s,
+    error_message = %(error_message)s, updated_at = now()
+WHERE id = %(job_id)s
+RETURNING state_version
+
+-- name: fail_job
+UPDATE extraction_jobs
+SET state = 'FAILED_TERMINAL', state_version = state_version + 1, fence = fence + 1,
+    lease_until = NULL, error_class = %(error_class)s, error_message = %(error_message)s,
+    finished_at = now(), updated_at = now()
+WHERE id = %(job_id)s
+RETURNING state_version
+
+-- name: lease_expired_attempt
+INSERT INTO job_attempts (job_id, attempt, fence, started_at, ended_at, outcome, error_class)
+VALUES (%(job_id)s, %(attempt)s, %(fence)s, %(started_at)s, now(), 'lease_expired', 'lease_expired')
+
+-- name: due_jobs
+SELECT count(*) AS due, min(available_at) AS oldest, now() AS now
+FROM (SELECT available_at FROM extraction_jobs
+      WHERE state IN ('READY', 'RETRY_SCHEDULED') AND available_at <= now()
+      ORDER BY available_at
+      LIMIT %(cap)s) AS due
+
+-- name: try_lead
+SELECT pg_try_advisory_xact_lock(%(key)s) AS leader

@@ -1,0 +1,118 @@
+"""The inference worker process (``fatura run inference-worker``): the ``ingest`` and ``run`` actors.
+
+``ingest`` records each delivered event in the execution inbox, commits, and only then lets
+Dramatiq ack the message; a requested job also gets a wake-up. ``run`` is a wake-up: it starts an
+execution slot and returns, so no broker delivery is held across a model call. Bad messages are
+refused with their reason and dead-lettered; every actor has ``max_retries=0`` because retries
+live in PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+import dramatiq
+import psycopg
+from dramatiq.middleware import CurrentMessage
+from pika.exceptions import AMQPError
+
+from services.common import events, faults
+from services.common.broker import QuorumRabbitmqBroker, install, make_broker
+from services.common.db import sync_pool
+from services.common.messages import BadMessage, parse_event, reject
+from services.common.settings import env_str
+from services.common.worker import run_worker, stop_on_signals
+from services.inference.direct import DirectProvider
+from services.inference.executor import Executor
+from services.inference.inbox import Received, receive
+from services.inference.providers.base import Provider
+from services.inference.settings import InferenceSettings
+from services.limiter.client import LimiterClient
+
+log = logging.getLogger(__name__)
+
+INGEST_TYPES = frozenset({events.EXTRACTION_REQUESTED, events.EXTRACTION_CANCELLED})
+
+
+def queues(prefix: str) -> tuple[str, str]:
+    return f"{prefix}.inference.ingest", f"{prefix}.inference.run"
+
+
+def make_provider() -> Provider:
+    base_url = env_str(os.environ, "FATURA_PROVIDER_BASE_URL", "http://127.0.0.1:8090/v1")
+    return DirectProvider(base_url, env_str(os.environ, "FATURA_INFERENCE_LIMITER_POOL", "sandbox"))
+
+
+def declare_actors(
+    broker: QuorumRabbitmqBroker, settings: InferenceSettings, pool: Any, executor: Executor
+) -> tuple[dramatiq.Actor[Any, Any], dramatiq.Actor[Any, Any]]:
+    ingest_queue, run_queue = queues(settings.common.queue_prefix)
+    options: dict[str, Any] = {"broker": broker, "max_retries": 0, "time_limit": settings.time_limit_ms}
+
+    def run() -> None:
+        executor.wake()
+
+    run_actor = dramatiq.actor(actor_name="run", queue_name=run_queue, **options)(run)
+
+    def ingest(event: Any = None, **unexpected: Any) -> None:
+        message = CurrentMessage.get_current_message()
+        message_id = message.message_id if message is not None else None
+        try:
+            if unexpected:
+                raise BadMessage("malformed", f"unexpected arguments {sorted(unexpected)}")
+            parsed = parse_event(event, INGEST_TYPES)
+        except BadMessage as error:
+            reject(pool, ingest_queue, "ingest", message_id, error, {"event": event, **unexpected})
+            raise
+        received = receive(pool, parsed)
+        faults.point(settings.common.faults, faults.CRASH_AFTER_INBOX_COMMIT)
+        if received is Received.NEW and parsed.event_type == events.EXTRACTION_REQUESTED:
+            try:
+                run_actor.send()
+            except (AMQPError, dramatiq.errors.ConnectionError) as exc:
+                # The scheduler's top-up wakes the job anyway; losing a wake-up costs latency only.
+                log.warning("could not send a wake-up for job %s: %s", parsed.job_id, exc)
+
+    ingest_actor = dramatiq.actor(actor_name="ingest", queue_name=ingest_queue, **options)(ingest)
+    return ingest_actor, run_actor
+
+
+def main() -> int:
+    settings = InferenceSettings.from_env()
+    faults.check(settings.common.faults)
+    stop = threading.Event()
+    stop_on_signals(stop, "inference worker")
+    broker = make_broker(settings.common)
+    install(broker)
+    provider = make_provider()
+    limiter = LimiterClient.from_settings()
+    with sync_pool(settings.common, name="inference", max_size=settings.concurrency + 4) as pool:
+        executor = Executor(settings, pool, limiter, provider)
+        declare_actors(broker, settings, pool, executor)
+
+        def ready() -> str | None:
+            try:
+                with pool.connection(timeout=2) as conn:
+                    conn.execute("SELECT 1")
+            except psycopg.Error as exc:
+                return f"PostgreSQL: {exc}"
+            return None
+
+        def on_stop() -> None:
+            executor.stop()
+            provider.close()
+            limiter.close()
+
+        return run_worker(
+            broker,
+            name="inference worker",
+            queues=queues(settings.common.queue_prefix),
+            threads=settings.threads,
+            metrics_port=settings.metrics_port,
+            ready=ready,
+            stop=stop,
+            on_stop=on_stop,
+        )
