@@ -18,6 +18,10 @@ SANDBOX_COMMANDS: dict[str, tuple[str, str]] = {
         "services.sandbox.erp.server:main",
         "reference ERP webhook receiver (:8091): verifies, dedups by webhook-id, keeps a ledger",
     ),
+    "provider": (
+        "services.sandbox.provider.server:main",
+        "simulated OpenAI-compatible LLM provider (:8090): rule-based extraction, limits, faults",
+    ),
 }
 
 

@@ -54,5 +54,7 @@ class ProviderSettings:
 
 def ready_url() -> str:
     settings = ProviderSettings.from_env()
-    host = "127.0.0.1" if settings.host in {"0.0.0.0", ""} else settings.host
+    # a wildcard bind is reached on loopback; an IPv6 literal needs brackets in a URL
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(settings.host, settings.host)
+    host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{settings.port}/readyz"
