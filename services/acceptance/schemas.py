@@ -159,7 +159,14 @@ JOB_STATUS: JSON = {
         "poll_after_seconds": {"type": "integer", "minimum": 1},
         "status_url": {"type": "string"},
         "message": {"type": "string"},
-        "result": {"type": "object"},
+        "result": {"type": ["object", "null"], "description": "the invoice.v1 extraction"},
+        "policy_version": {"type": "string", "description": "the validation policy that judged it"},
+        "last_error": {
+            "type": "object",
+            "description": "why the last attempt failed, while a retry is scheduled",
+            "required": ["class", "message"],
+            "properties": {"class": {"type": "string"}, "message": {"type": "string"}},
+        },
         "review": {
             "type": "object",
             "required": ["reasons"],

@@ -111,8 +111,13 @@ def status_body(job: JSON) -> JSON:
     }
     if wait is not None:
         body["poll_after_seconds"] = wait
+    if state in (states.SUCCEEDED, states.REVIEW_REQUIRED):
+        body["result"] = job.get("result")
+        body["policy_version"] = job["policy_version"]
     if state == states.REVIEW_REQUIRED:
         body["review"] = {"reasons": job["review_reasons"] or []}
+    if state == states.RETRY_SCHEDULED and job.get("error_class"):
+        body["last_error"] = {"class": job["error_class"], "message": job["error_message"] or ""}
     if state == states.FAILED_TERMINAL:
         body["error"] = {"class": job["error_class"] or "unknown", "message": job["error_message"] or ""}
     return body

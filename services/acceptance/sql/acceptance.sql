@@ -88,7 +88,7 @@ WHERE tenant_id = %(tenant_id)s AND idempotency_key = %(idempotency_key)s
 -- name: get_job
 SELECT id, tenant_id, state, state_version, attempt, priority, document_id, document_version,
        schema_version, policy_version, available_at, deadline_at, error_class, error_message,
-       review_reasons, result_ref, usage, created_at, updated_at, finished_at, now() AS now
+       review_reasons, result_ref, result, usage, created_at, updated_at, finished_at, now() AS now
 FROM extraction_jobs
 WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s
 
