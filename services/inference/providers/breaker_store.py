@@ -74,9 +74,9 @@ class RedisBreakers:
         reply = self._run(channel, outcome.value, trial, now_ms)
         return Verdict.CLOSED if reply is None else _VERDICTS[int(reply[0])]
 
-    def failures(self, channel: str) -> int:
+    def failures(self, channel: str, *, now_ms: int | None = None) -> int:
         """Failures in the window now (for tests and operators)."""
-        reply = self._run(channel, "peek", False, None)
+        reply = self._run(channel, "peek", False, now_ms)
         return 0 if reply is None else int(reply[2])
 
     def reset(self, channel: str) -> None:
