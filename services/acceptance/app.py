@@ -36,6 +36,9 @@ from services.common import states
 from services.common.db import async_pool
 from services.common.ids import parse_uuid
 from services.common.uow import OutboxNotifier
+from services.delivery.api import delivery_routes
+from services.delivery.endpoints import Endpoints
+from services.delivery.settings import DeliverySettings
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,8 @@ class Edge:
         self.jobs = JobService(self.pool, self.notifier)
         self.acceptor = Acceptor(self.pool, self.notifier, settings)
         self.openapi = openapi.build(settings)
+        # Webhook endpoints and deliveries (services/delivery) share this edge's auth, pool and errors.
+        self.endpoints = Endpoints(self.pool, DeliverySettings.from_env())
 
     async def tenant(self, request: Request) -> Tenant:
         return await self.auth.authenticate(request.headers.get("authorization"))
@@ -147,6 +152,7 @@ def build_routes(edge: Edge) -> list[BaseRoute]:
         Route("/openapi.json", openapi_json, methods=["GET"], name="openapi"),
         Route("/healthz", healthz, methods=["GET"], name="healthz"),
         Route("/readyz", readyz, methods=["GET"], name="readyz"),
+        *delivery_routes(edge, edge.endpoints),
     ]
 
 

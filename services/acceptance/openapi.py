@@ -8,6 +8,7 @@ from services.acceptance import schemas
 from services.acceptance.idempotency import MAX_KEY_LENGTH
 from services.acceptance.settings import AcceptanceSettings
 from services.common import states
+from services.delivery import openapi_paths as delivery_openapi
 
 JSON = dict[str, Any]
 
@@ -73,6 +74,7 @@ def build(settings: AcceptanceSettings) -> JSON:
                 "JobList": schemas.JOB_LIST,
                 "CreateDocument": schemas.create_document_request(),
                 "CreateJob": schemas.create_job_request((settings.model_policy,)),
+                **delivery_openapi.COMPONENTS,
             },
         },
         "paths": {
@@ -186,6 +188,9 @@ def build(settings: AcceptanceSettings) -> JSON:
                     },
                 }
             },
+            **delivery_openapi.paths(
+                security, {400: _E400, 401: _E401, 404: _E404, 409: _E409, 415: _E415, 422: _E422, 503: _E503}
+            ),
             "/healthz": {
                 "get": {
                     "operationId": "healthz",

@@ -1,0 +1,164 @@
+"""HTTP routes of the webhook-endpoint and delivery API, mounted into the acceptance edge.
+
+Thin: parse with the edge's JSON helpers and the schemas in ``services/delivery/schemas.py``,
+call one ``Endpoints`` method, map delivery errors to the edge's JSON errors (422 for a bad
+endpoint or a refused target, 404, 409). A refused request writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, Protocol
+
+from jsonschema import Draft202012Validator
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from services.acceptance.errors import ApiError, Conflict, NotFound, Unprocessable
+from services.acceptance.tenants import Tenant
+from services.common.ids import parse_uuid
+from services.delivery import errors, schemas
+from services.delivery.endpoints import Endpoints
+
+_create = Draft202012Validator(schemas.CREATE_ENDPOINT)
+_rotate = Draft202012Validator(schemas.ROTATE_SECRET)
+_recover = Draft202012Validator(schemas.RECOVER)
+
+
+class EdgeLike(Protocol):
+    """What the routes use of the acceptance edge: authentication and JSON body parsing."""
+
+    async def tenant(self, request: Request) -> Tenant: ...
+
+    async def json_body(self, request: Request) -> Any: ...
+
+
+def _validate(validator: Draft202012Validator, body: Any) -> None:
+    found = sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))
+    if found:
+        problems = [
+            {"path": "/" + "/".join(str(p) for p in e.absolute_path), "message": e.message[:300]}
+            for e in found[:10]
+        ]
+        raise Unprocessable(
+            "the request does not match the schema: "
+            + "; ".join(f"{p['path']}: {p['message']}" for p in problems),
+            details={"errors": problems},
+        )
+
+
+def _mapped(error: errors.DeliveryError) -> ApiError:
+    if isinstance(error, errors.NotFound):
+        return NotFound(error.message)
+    if isinstance(error, errors.Conflict):
+        return Conflict(error.message)
+    return Unprocessable(error.message, code=error.code)
+
+
+def _only_query(request: Request, *allowed: str) -> None:
+    unknown = sorted(set(request.query_params.keys()) - set(allowed))
+    if unknown:
+        raise ApiError(f"unknown query parameters {unknown}", code="invalid_query")
+
+
+async def _optional_body(edge: EdgeLike, request: Request) -> Any:
+    """An action route's body is optional: none, or a JSON object."""
+    if request.headers.get("content-length", "0") == "0" and "transfer-encoding" not in request.headers:
+        return {}
+    return await edge.json_body(request)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def delivery_routes(edge: EdgeLike, endpoints: Endpoints) -> list[BaseRoute]:
+    def guarded(handler: Handler) -> Handler:
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except errors.DeliveryError as exc:
+                raise _mapped(exc) from None
+
+        return run
+
+    async def create(request: Request) -> Response:
+        tenant = await edge.tenant(request)
+        _only_query(request)
+        body = await edge.json_body(request)
+        _validate(_create, body)
+        created = await endpoints.register(
+            tenant.id, body["url"], body.get("event_types"), body.get("max_concurrency")
+        )
+        return JSONResponse(created, status_code=201)
+
+    async def list_all(request: Request) -> Response:
+        tenant = await edge.tenant(request)
+        _only_query(request)
+        return JSONResponse({"endpoints": await endpoints.list(tenant.id)})
+
+    def action(name: str) -> Handler:
+        async def run(request: Request) -> Response:
+            tenant = await edge.tenant(request)
+            _only_query(request)
+            endpoint_id = parse_uuid(request.path_params["endpoint_id"])
+            if endpoint_id is None:
+                raise NotFound("no such webhook endpoint for this tenant")
+            if name == "disable":
+                return JSONResponse(await endpoints.disable(tenant.id, endpoint_id))
+            if name == "enable":
+                return JSONResponse(await endpoints.enable(tenant.id, endpoint_id))
+            if name == "rotate-secret":
+                body = await _optional_body(edge, request)
+                _validate(_rotate, body)
+                return JSONResponse(
+                    await endpoints.rotate_secret(tenant.id, endpoint_id, body.get("overlap_seconds"))
+                )
+            body = await edge.json_body(request)
+            _validate(_recover, body)
+            try:
+                since = datetime.fromisoformat(body["since"].replace("Z", "+00:00"))
+            except ValueError:
+                raise Unprocessable("since must be an ISO-8601 date-time", code="invalid_request") from None
+            if since.tzinfo is None:
+                raise Unprocessable("since must carry a time zone (e.g. ...Z)", code="invalid_request")
+            return JSONResponse(await endpoints.recover(tenant.id, endpoint_id, since))
+
+        return run
+
+    async def list_deliveries(request: Request) -> Response:
+        tenant = await edge.tenant(request)
+        _only_query(request, "job_id")
+        job_id = parse_uuid(request.query_params.get("job_id", ""))
+        if job_id is None:
+            raise ApiError("job_id (a UUID) is required", code="invalid_query")
+        return JSONResponse(await endpoints.deliveries(tenant.id, job_id))
+
+    async def resend(request: Request) -> Response:
+        tenant = await edge.tenant(request)
+        _only_query(request)
+        delivery_id = parse_uuid(request.path_params["delivery_id"])
+        if delivery_id is None:
+            raise NotFound("no such delivery for this tenant")
+        return JSONResponse(await endpoints.resend(tenant.id, delivery_id))
+
+    base = "/v1/webhook-endpoints"
+    routes: list[BaseRoute] = [
+        Route(base, guarded(create), methods=["POST"], name="create_webhook_endpoint"),
+        Route(base, guarded(list_all), methods=["GET"], name="list_webhook_endpoints"),
+    ]
+    for name in ("disable", "enable", "rotate-secret", "recover"):
+        handler = guarded(action(name))
+        routes.append(
+            Route(
+                f"{base}/{{endpoint_id}}:{name}", handler, methods=["POST"], name=f"{name}_webhook_endpoint"
+            )
+        )
+    routes += [
+        Route("/v1/deliveries", guarded(list_deliveries), methods=["GET"], name="list_deliveries"),
+        Route(
+            "/v1/deliveries/{delivery_id}:resend", guarded(resend), methods=["POST"], name="resend_delivery"
+        ),
+    ]
+    return routes
