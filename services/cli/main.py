@@ -17,6 +17,7 @@ _COMMAND_MODULES = (
     "services.cli.run",
     "services.cli.demo",
     "services.cli.tenants",
+    "services.cli.endpoints",
     "services.cli.suppliers",
     "services.cli.bench",
     "services.cli.sandbox",
