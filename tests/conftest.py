@@ -6,4 +6,4 @@ and a running demo never see each other's data.
 
 from __future__ import annotations
 
-pytest_plugins = ["fix_db", "fix_processes", "fix_amqp", "fix_api"]
+pytest_plugins = ["fix_db", "fix_processes", "fix_amqp", "fix_api", "fix_pipeline"]
