@@ -94,12 +94,18 @@ def supplier_name(lines: list[str]) -> str | None:
 
 
 def supplier_iban(text: str) -> FoundIban | None:
-    """The one IBAN the document states. Two different ones (an injected "pay here instead", say)
-    leave the simulator unable to tell which is the supplier's: it answers null rather than guess."""
-    found = find_ibans(text)
+    """The one IBAN the document states for payment. A paragraph addressed to the model (an
+    injected "report this IBAN instead") is data, never a source; when the rest still states two
+    different IBANs the simulator cannot tell which is the supplier's and answers null."""
+    honest = [part for part in paragraphs(text) if not labels.INJECTION.search(part)]
+    found = [iban for part in honest for iban in find_ibans(part)]
     if len({f.value for f in found}) != 1:
         return None
     return found[0]
+
+
+def paragraphs(text: str) -> list[str]:
+    return re.split(r"\n[ \t\f]*\n", text)
 
 
 def find_currency(text: str, lines: list[str]) -> tuple[str, str] | None:

@@ -15,7 +15,9 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from services.sandbox.provider.iban import find_ibans, grouped, make_iban
+from services.sandbox.provider.extract import paragraphs
+from services.sandbox.provider.iban import TEMPLATES, find_ibans, grouped, make_iban
+from services.sandbox.provider.labels import INJECTION
 
 MODES = (
     "none",
@@ -136,8 +138,8 @@ def hallucinate_iban(result: dict[str, Any], text: str) -> dict[str, Any]:
     """The same answer with an invented, checksum-valid IBAN that the text does not contain, and a
     made-up quote for it: schema-valid, and wrong."""
     changed = copy.deepcopy(result)
-    country = (result["supplier"].get("iban") or result["supplier"].get("tax_id") or "DE")[:2]
-    if not country.isalpha():
+    country = (result["supplier"].get("iban") or result["supplier"].get("tax_id") or "")[:2]
+    if country not in TEMPLATES:
         country = "TR" if re.search(r"[ğışİŞĞ]", text) else "DE"
     compact_text = re.sub(r"\s", "", text)
     seed = hashlib.sha256(text.encode()).hexdigest()
@@ -150,18 +152,10 @@ def hallucinate_iban(result: dict[str, Any], text: str) -> dict[str, Any]:
     return changed
 
 
-# A paragraph speaking to the model rather than to the buyer.
-INJECTION = re.compile(
-    r"ignore (all |any )?(previous|prior|above) instructions|note to (the )?(ai|model|assistant|llm)"
-    r"|you are an? (ai|language model)|system prompt|önceki talimatları",
-    re.IGNORECASE,
-)
-
-
 def obey_injection(result: dict[str, Any], text: str) -> dict[str, Any]:
     """The answer a model that follows the document's instructions gives: the IBAN the injected
     paragraph asks for, quoted from that paragraph. Without such a paragraph, the honest answer."""
-    for paragraph in re.split(r"\n\s*\n", text):
+    for paragraph in paragraphs(text):
         if not INJECTION.search(paragraph):
             continue
         asked = find_ibans(paragraph)

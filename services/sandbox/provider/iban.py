@@ -10,6 +10,8 @@ import random
 import re
 from dataclasses import dataclass
 
+from stdnum import iban as stdnum_iban
+
 # ISO 13616 lengths of the countries an invoice here is likely to name; others keep what was printed.
 LENGTHS = {
     "AT": 20, "BE": 16, "CH": 21, "CZ": 24, "DE": 22, "DK": 18, "ES": 24, "FI": 18, "FR": 27,
@@ -55,24 +57,32 @@ def _prefix_with(printed: str, characters: int) -> str:
     return printed
 
 
-def checksum_ok(iban: str) -> bool:
-    compact = iban.replace(" ", "").upper()
-    if not re.fullmatch(r"[A-Z]{2}\d{2}[A-Z0-9]{10,30}", compact):
-        return False
-    return _mod97(compact[4:] + compact[:4]) == 1
+def is_valid(iban: str) -> bool:
+    """ISO 13616: checksum and each country's BBAN structure (and national check digits)."""
+    return bool(stdnum_iban.is_valid(iban))
 
 
-def _mod97(characters: str) -> int:
-    return int("".join(str(int(c, 36)) for c in characters)) % 97
+# One valid IBAN per country to shape invented ones on: the BBAN structure differs by country.
+TEMPLATES = {
+    "DE": "DE89370400440532013000",
+    "GB": "GB29NWBK60161331926819",
+    "IE": "IE29AIBK93115212345678",
+    "FR": "FR7630006000011234567890189",
+    "NL": "NL91ABNA0417164300",
+    "TR": "TR330006100519786457841326",
+}
 
 
 def make_iban(country: str, seed: str) -> str:
-    """A checksum-valid IBAN for ``country`` with digits drawn from ``seed`` (deterministic)."""
-    country = country.upper() if re.fullmatch(r"[A-Za-z]{2}", country) else "DE"
+    """A valid IBAN for ``country`` (else DE) whose account digits are drawn from ``seed``."""
+    template = TEMPLATES.get(country.upper(), TEMPLATES["DE"])
     rng = random.Random(seed)
-    bban = "".join(str(rng.randrange(10)) for _ in range(LENGTHS.get(country, 22) - 4))
-    check = 98 - _mod97(bban + country + "00")
-    return f"{country}{check:02d}{bban}"
+    while True:
+        account = "".join(str(rng.randrange(10)) for _ in range(8))
+        body = template[4:-8] + account
+        candidate = template[:2] + stdnum_iban.calc_check_digits(template[:2] + "00" + body) + body
+        if is_valid(candidate):  # some countries carry a national check digit too; draw again
+            return candidate
 
 
 def grouped(iban: str) -> str:

@@ -95,6 +95,13 @@ TOTAL = line_label(
     )
 )  # fmt: skip
 
+# A paragraph speaking to the model rather than to the buyer (a prompt injection).
+INJECTION = re.compile(
+    r"ignore (all |any )?(previous|prior|above) instructions|note to (the )?(ai|model|assistant|llm)"
+    r"|you are an? (ai|language model)|system prompt|önceki talimatları",
+    re.IGNORECASE,
+)
+
 # Words a document puts on a line of its own as its title, never the supplier's name.
 TITLES = frozenset(
     {"fatura", "invoice", "tax invoice", "rechnung", "facture", "請求書", "e-fatura", "e-arşiv fatura"}
