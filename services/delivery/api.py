@@ -89,7 +89,7 @@ def delivery_routes(edge: EdgeLike, endpoints: Endpoints) -> list[BaseRoute]:
         body = await edge.json_body(request)
         _validate(_create, body)
         created = await endpoints.register(
-            tenant.id, body["url"], body.get("event_types"), body.get("max_concurrency")
+            tenant.id, body["url"], body.get("event_types"), body.get("max_concurrency"), body.get("secret")
         )
         return JSONResponse(created, status_code=201)
 

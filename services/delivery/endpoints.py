@@ -92,6 +92,7 @@ class Endpoints:
         url: str,
         event_types: Sequence[str] | None = None,
         max_concurrency: int | None = None,
+        secret: str | None = None,
     ) -> dict[str, Any]:
         """Store the endpoint and its first secret, then ping it; the secret is returned only here."""
         types = list(event_types) if event_types else list(payload.EVENT_TYPES)
@@ -100,8 +101,14 @@ class Endpoints:
             raise InvalidEndpoint(f"unknown event types {unknown}; known: {list(payload.EVENT_TYPES)}")
         # Resolving can block: off the event loop. Raises InvalidEndpoint or EgressRefused.
         await asyncio.to_thread(self.guard.vet, url)
+        if secret is None:
+            secret = signing.new_secret()
+        else:
+            try:
+                signing.secret_key(secret)
+            except signing.BadSecret as exc:
+                raise InvalidEndpoint(str(exc)) from None
         endpoint_id = new_id()
-        secret = signing.new_secret()
         async with self.pool.connection() as conn, conn.transaction():
             count = await (await conn.execute(Q["count_endpoints"], {"tenant_id": tenant_id})).fetchone()
             if count is not None and count["n"] >= MAX_ENDPOINTS_PER_TENANT:
@@ -235,12 +242,16 @@ class Endpoints:
 
 
 async def _register(
-    settings: DeliverySettings, tenant_id: uuid.UUID, url: str, events: Sequence[str] | None
+    settings: DeliverySettings,
+    tenant_id: uuid.UUID,
+    url: str,
+    events: Sequence[str] | None,
+    secret: str | None,
 ) -> dict[str, Any]:
     async with async_pool(settings.common, name="endpoints", max_size=1, autocommit=True) as pool:
         endpoints = Endpoints(pool, settings)
         try:
-            return await endpoints.register(tenant_id, url, events)
+            return await endpoints.register(tenant_id, url, events, secret=secret)
         finally:
             endpoints.close()
 
@@ -250,10 +261,15 @@ def register_endpoint(
     url: str,
     event_types: Sequence[str] | None = None,
     settings: DeliverySettings | None = None,
+    secret: str | None = None,
 ) -> dict[str, Any]:
     """Register a webhook endpoint for a tenant (blocking; for the CLI and the demo).
 
     Returns the endpoint as the API shows it, with its ``secret`` (shown only here) and the result
-    of the verification ping. Raises InvalidEndpoint or EgressRefused for a URL it may not use.
+    of the verification ping. Give ``secret`` (``whsec_...``) to use one the receiver already
+    knows, so the ping verifies at once. Raises InvalidEndpoint or EgressRefused for a URL it may
+    not use.
     """
-    return asyncio.run(_register(settings or DeliverySettings.from_env(), tenant_id, url, event_types))
+    return asyncio.run(
+        _register(settings or DeliverySettings.from_env(), tenant_id, url, event_types, secret)
+    )

@@ -37,6 +37,11 @@ CREATE_ENDPOINT: JSON = {
             "description": "Defaults to every event type.",
         },
         "max_concurrency": {"type": "integer", "minimum": 1, "maximum": MAX_CONCURRENCY},
+        "secret": {
+            "type": "string",
+            "pattern": "^whsec_[A-Za-z0-9+/]{32,88}={0,2}$",
+            "description": "Bring your own secret (whsec_ + base64 of 24-64 bytes); one is made when absent.",
+        },
     },
 }
 
