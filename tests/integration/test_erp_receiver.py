@@ -10,9 +10,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -183,6 +186,30 @@ def test_a_redelivered_webhook_is_applied_once(http: httpx.Client) -> None:
     assert entry is not None
     assert entry["effects"] == 1
     assert entry["counts"] == {"received": 1, "applied": 1, "not_newer": 0, "duplicates": 2}
+
+
+def test_concurrent_copies_of_one_delivery_are_applied_exactly_once(erp: ServiceProcess) -> None:
+    # Given a sender that (after timeouts) has the same delivery in flight sixteen times at once
+    job_id, webhook_id = new_ids()
+    body = json.dumps(job_event(job_id, 2)).encode()
+    barrier = threading.Barrier(16)
+
+    def send() -> str:
+        with httpx.Client(base_url=erp.base_url or "", timeout=30.0) as own:
+            barrier.wait()
+            answer = deliver(own, webhook_id, body)
+            assert answer.status_code == 200, answer.text
+            return str(answer.json()["status"])
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        outcomes = Counter(pool.map(lambda _: send(), range(16)))
+
+    # Then one copy is accepted, the rest are duplicates, and the ledger holds one effect
+    assert outcomes == Counter({"accepted": 1, "duplicate": 15})
+    with httpx.Client(base_url=erp.base_url or "", timeout=10.0) as http:
+        entry = ledger_entry(http, job_id)
+    assert entry is not None
+    assert (entry["effects"], entry["counts"]["duplicates"]) == (1, 15)
 
 
 def test_the_same_webhook_id_with_a_different_payload_is_409_and_alerted(

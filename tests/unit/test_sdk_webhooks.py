@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
+import tomllib
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import standardwebhooks
@@ -24,6 +28,7 @@ from fatura_sdk.webhooks import (
     verify,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 NOW = 1_790_000_000
 OLD_SECRET = "whsec_" + base64.b64encode(b"old-secret-of-the-endpoint-000").decode()
 NEW_SECRET = "whsec_" + base64.b64encode(b"new-secret-of-the-endpoint-111").decode()
@@ -243,3 +248,17 @@ def test_an_unpadded_secret_means_the_same_key_to_both_libraries() -> None:
 
     assert standardwebhooks.Webhook(secret).verify(BODY, sign_headers(secret, "dlv-3", BODY)) == EVENT
     assert verify(secret, theirs, BODY) == EVENT
+
+
+def test_fatura_sdk_imports_nothing_outside_the_standard_library() -> None:
+    # Partners install only sdk/: anything it imported beyond the stdlib would break their install.
+    script = (
+        "import sys; sys.path.insert(0, 'sdk'); before = set(sys.modules); import fatura_sdk; "
+        "roots = {m.split('.')[0] for m in set(sys.modules) - before}; "
+        "print(sorted(roots - set(sys.stdlib_module_names) - {'fatura_sdk'}))"
+    )
+    out = subprocess.run([sys.executable, "-I", "-c", script], cwd=ROOT, capture_output=True, text=True)
+
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    assert tomllib.loads((ROOT / "sdk" / "pyproject.toml").read_text())["project"]["dependencies"] == []
