@@ -109,7 +109,7 @@ class Receiver:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         schema: str | None = None,
     ) -> None:
-        self._keys = decode_secrets(secrets)
+        self._keys = _keys(secrets)
         self._apply = apply
         self._tolerance_s = tolerance_s
         self._max_body_bytes = max_body_bytes
@@ -121,12 +121,23 @@ class Receiver:
             self._conn.executescript(schema)
 
     def set_secrets(self, secrets: Secrets) -> None:
-        """Replace the accepted secrets (rotation); a bad secret raises and changes nothing."""
-        self._keys = decode_secrets(secrets)
+        """Replace the accepted secrets (rotation); a bad secret raises and changes nothing.
+
+        With no secret at all every webhook is refused (401 ``no_secret_configured``): a receiver
+        can start before it is told its endpoint's secret, but it never accepts unverified input.
+        """
+        self._keys = _keys(secrets)
+
+    @property
+    def secret_count(self) -> int:
+        return len(self._keys)
 
     def handle(self, headers: Mapping[str, str], raw_body: bytes, *, now: float | None = None) -> Response:
         if len(raw_body) > self._max_body_bytes:
             return self._reject(413, "too_large", "payload_too_large", "the body is over the size limit")
+        if not self._keys:
+            log.warning("webhook refused: this receiver has no secret configured")
+            return self._reject(401, "unauthorized", "no_secret_configured", "the receiver has no secret yet")
         try:
             event = verify(self._keys, headers, raw_body, tolerance_s=self._tolerance_s, now=now)
         except MalformedPayloadError as exc:
@@ -232,3 +243,10 @@ class Receiver:
 def _rollback(conn: sqlite3.Connection) -> None:
     if conn.in_transaction:
         conn.execute("ROLLBACK")
+
+
+def _keys(secrets: Secrets) -> tuple[bytes, ...]:
+    if isinstance(secrets, str | bytes):
+        return decode_secrets(secrets)
+    items = list(secrets)
+    return decode_secrets(items) if items else ()

@@ -168,3 +168,14 @@ def test_rotating_secrets_takes_effect_for_the_next_request(db: Path) -> None:
     receiver.set_secrets([SECRET, new])
 
     assert post(receiver, "dlv-1", event(), secret=new).status == 200
+
+
+def test_a_receiver_without_any_secret_refuses_everything_until_given_one(db: Path) -> None:
+    receiver = Receiver([], db, Effects(), schema=Effects.SCHEMA)
+
+    refused = post(receiver, "dlv-1", event())
+    receiver.set_secrets([SECRET])
+    accepted = post(receiver, "dlv-1", event())
+
+    assert (refused.status, refused.body["error"]["code"]) == (401, "no_secret_configured")
+    assert accepted.body["status"] == "accepted"
