@@ -441,6 +441,9 @@ def test_a_tax_rate_may_be_a_fraction_of_the_percent_the_document_states() -> No
         '"invoice"',
         '{"total": NaN}',
         '{"schema": "invoice.v1", "schema": "invoice.v1"}',
+        '{"schema": "invoice.v1\\u0000"}',  # PostgreSQL cannot store a NUL
+        '{"schema": "\\ud800"}',  # nor an unpaired surrogate, escaped
+        '{"schema": "\ud800"}',  # or raw
     ],
 )
 def test_an_answer_that_is_not_one_json_object_is_a_broken_json_model_error(content: str) -> None:

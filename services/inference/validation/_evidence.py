@@ -170,14 +170,18 @@ def evidence_reasons(invoice: Mapping[str, Any], source_text: str) -> list[Reaso
     evidence: Mapping[str, str] = invoice["evidence"]
     source = normalize_space(source_text)
     reasons: list[Reason] = []
+    # Row quotes repeat for every field of a line; each is searched in the document only once.
+    in_source: dict[str, bool] = {}
     for pointer, value, matcher in scalar_fields(invoice):
         if value is None:
             continue
         quote = evidence.get(pointer)
+        if quote is not None and quote not in in_source:
+            in_source[quote] = normalize_space(quote) in source
         if quote is None:
             problem = "no_quote"
             message = f"{pointer} has no evidence quote"
-        elif normalize_space(quote) not in source:
+        elif not in_source[quote]:
             problem = "quote_not_in_source"
             message = f"the evidence quote of {pointer} is not in the document"
         elif not matcher(str(value), quote):

@@ -40,7 +40,7 @@ def schema_validator() -> Draft202012Validator:
 
 def parse_invoice(content: str, max_bytes: int) -> dict[str, Any] | Verdict:
     """The parsed, schema-valid invoice, or a ``model_error`` verdict saying what is wrong."""
-    if len(content) > max_bytes or len(content.encode("utf-8")) > max_bytes:
+    if len(content) > max_bytes or len(content.encode("utf-8", "surrogatepass")) > max_bytes:
         return Verdict.model_error("too_large", f"the answer is larger than {max_bytes} bytes")
     fenced = _CODE_FENCE.match(content)
     text = fenced.group(1) if fenced else content
@@ -52,6 +52,9 @@ def parse_invoice(content: str, max_bytes: int) -> dict[str, Any] | Verdict:
         return Verdict.model_error(
             "broken_json", f"the answer is JSON but not an object (got {type(document).__name__})"
         )
+    if not _storable(document):
+        # PostgreSQL text and jsonb refuse both; storing such a result would fail after the fact.
+        return Verdict.model_error("broken_json", "the answer holds a NUL character or an unpaired surrogate")
     error = best_match(schema_validator().iter_errors(document))
     if error is not None:
         return Verdict.model_error("schema_violation", _clip(f"{error.json_path}: {error.message}"))
@@ -66,6 +69,22 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise _BrokenJson(f"the key {key!r} appears twice in one object")
         out[key] = value
     return out
+
+
+def _storable(value: Any) -> bool:
+    if isinstance(value, str):
+        if "\x00" in value:
+            return False
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(_storable(k) and _storable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_storable(v) for v in value)
+    return True
 
 
 def _no_constant(name: str) -> NoReturn:
