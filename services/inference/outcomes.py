@@ -9,6 +9,7 @@ attempt.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from services.common import states
@@ -61,10 +62,13 @@ def decide(
                 usage=usage,
                 policy_version=verdict.policy_version,
             )
+        model_error = verdict.error_class or "model_error"
+        if hops:  # the exchange went fine; the answer did not: the attempt's row says so
+            hops = (*hops[:-1], replace(hops[-1], outcome=model_error))
         return _retry_or_fail(
             job,
             hops,
-            verdict.error_class or "model_error",
+            model_error,
             verdict.error_message,
             None,
             now,

@@ -1,0 +1,243 @@
+"""The inference pipeline end to end: HTTP edge → outbox → RabbitMQ → inference worker → simulated
+provider → validation → fenced completion, all as real processes."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+
+import dramatiq
+import pika
+import pytest
+
+from fix_amqp import AMQP_URL
+from fix_pipeline import TERMINAL, Pipeline, StartPipeline
+from services.common.broker import make_broker
+from services.common.settings import CommonSettings
+from services.sandbox.samples import load_samples
+
+
+@pytest.fixture(scope="module")
+def pipe(pipeline_factory: StartPipeline) -> Iterator[Pipeline]:
+    pipeline = pipeline_factory()
+    pipeline.start_scheduler()
+    pipeline.start_worker()
+    yield pipeline
+
+
+@pytest.fixture(autouse=True)
+def no_faults(pipe: Pipeline) -> Iterator[None]:
+    pipe.clear_faults()
+    yield
+    pipe.clear_faults()
+
+
+def test_every_sample_invoice_ends_in_its_expected_state_with_its_reasons(pipe: Pipeline) -> None:
+    # Given a tenant with supplier master data, when every sample invoice is submitted
+    tenant = pipe.make_tenant()
+    samples = load_samples()
+    jobs = {sample.filename: pipe.submit(tenant, sample.text) for sample in samples}
+    # Then each ends in the state its manifest entry names, after one attempt
+    for sample in samples:
+        job = pipe.wait_state(jobs[sample.filename], TERMINAL)
+        assert job["state"] == sample.expect, (sample.filename, job["state"], job["review_reasons"])
+        assert job["attempt"] == 1
+        assert job["result"]["schema"] == "invoice.v1"
+        assert job["policy_version"]
+        if sample.expect == "REVIEW_REQUIRED":
+            assert job["review_reasons"], sample.filename
+        else:
+            assert job["review_reasons"] is None
+    # And the status a customer reads carries the result, the reasons and the policy version
+    with pipe.client() as c:
+        body = c.get(f"/v1/extraction-jobs/{jobs[samples[0].filename]}", headers=tenant.headers).json()
+    assert body["done"] is True
+    assert body["result"]["currency"] == "TRY"
+    assert body["policy_version"]
+
+
+def _publish_raw(queue: str, body: bytes) -> None:
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+    finally:
+        connection.close()
+
+
+def _requested_event(pipe: Pipeline, job_id: str) -> dict[str, object]:
+    with pipe.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT payload FROM outbox_events WHERE job_id = %s AND event_type = 'extraction.requested.v1'",
+            (job_id,),
+        ).fetchone()
+    assert row is not None
+    return dict(row["payload"])
+
+
+def _send_event(pipe: Pipeline, event: dict[str, object]) -> None:
+    broker = make_broker(CommonSettings(amqp_url=AMQP_URL))
+    try:
+        broker.enqueue(
+            dramatiq.Message(
+                queue_name=f"{pipe.env['FATURA_QUEUE_PREFIX']}.inference.ingest",
+                actor_name="ingest",
+                args=(),
+                kwargs={"event": event},
+                options={},
+            )
+        )
+    finally:
+        broker.close()
+
+
+def test_the_same_requested_event_delivered_twice_runs_the_job_once(pipe: Pipeline) -> None:
+    tenant = pipe.make_tenant()
+    job_id = pipe.submit(tenant, load_samples()[0].text)
+    pipe.wait_state(job_id, TERMINAL)
+    calls = pipe.provider_requests()
+    # When the broker delivers the same event again (a relay that crashed after the confirm)
+    event = _requested_event(pipe, job_id)
+    _send_event(pipe, event)
+    _send_event(pipe, event)
+    time.sleep(1.5)
+    # Then the job is not run again: one attempt, no new provider call, one inbox row
+    job = pipe.job(job_id)
+    assert job["attempt"] == 1
+    assert len(pipe.attempts(job_id)) == 1
+    assert pipe.provider_requests() == calls
+    with pipe.pool.connection() as conn:
+        inbox = conn.execute(
+            "SELECT count(*) AS n FROM execution_inbox WHERE job_id = %s", (job_id,)
+        ).fetchone()
+    assert inbox is not None and inbox["n"] == 1
+
+
+def test_an_event_id_seen_again_with_another_payload_is_quarantined_not_applied(pipe: Pipeline) -> None:
+    tenant = pipe.make_tenant()
+    job_id = pipe.submit(tenant, load_samples()[0].text)
+    pipe.wait_state(job_id, TERMINAL)
+    event = _requested_event(pipe, job_id)
+    forged = {**event, "state_version": 7}
+    _send_event(pipe, forged)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with pipe.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT * FROM execution_inbox_quarantine WHERE event_id = %s", (event["event_id"],)
+            ).fetchone()
+        if row is not None:
+            break
+        time.sleep(0.1)
+    assert row is not None, "the conflicting event was not quarantined"
+    assert row["payload"]["state_version"] == 7
+    assert pipe.job(job_id)["attempt"] == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ({"event": "not an object"}, "malformed"),
+        (
+            {"event": {"event_type": "extraction.requested.v9", "event_id": str(uuid.uuid4())}},
+            "unknown_version",
+        ),
+        ({"event": {"event_type": "invoice.paid.v1"}}, "unknown_type"),
+        ({"event": {"event_type": "extraction.requested.v1", "padding": "x" * 20_000}}, "too_large"),
+        (
+            {
+                "event": {
+                    "event_type": "extraction.requested.v1",
+                    "event_id": "nope",
+                    "tenant_id": "x",
+                    "job_id": "y",
+                    "state": "READY",
+                    "state_version": 1,
+                }
+            },
+            "malformed",
+        ),
+    ],
+)
+def test_a_bad_broker_message_is_dead_lettered_with_its_reason_and_the_worker_goes_on(
+    pipe: Pipeline, body: dict[str, object], reason: str
+) -> None:
+    queue = f"{pipe.env['FATURA_QUEUE_PREFIX']}.inference.ingest"
+    message_id = str(uuid.uuid4())
+    message = {
+        "queue_name": queue,
+        "actor_name": "ingest",
+        "args": [],
+        "kwargs": body,
+        "options": {},
+        "message_id": message_id,
+        "message_timestamp": int(time.time() * 1000),
+    }
+    _publish_raw(queue, json.dumps(message).encode())
+    deadline = time.monotonic() + 20
+    row = None
+    while time.monotonic() < deadline and row is None:
+        with pipe.pool.connection() as conn:
+            row = conn.execute("SELECT * FROM dead_letters WHERE message_id = %s", (message_id,)).fetchone()
+        time.sleep(0.1)
+    assert row is not None, "the refusal was not recorded"
+    assert row["reason"] == reason
+    # And the worker is alive and still runs good jobs
+    assert all(worker.alive() for worker in pipe.workers)
+    tenant = pipe.make_tenant()
+    job_id = pipe.submit(tenant, load_samples()[0].text)
+    assert pipe.wait_state(job_id, TERMINAL)["state"] == "SUCCEEDED"
+
+
+def test_a_message_that_is_not_even_json_is_dead_lettered_and_the_queue_keeps_moving(pipe: Pipeline) -> None:
+    queue = f"{pipe.env['FATURA_QUEUE_PREFIX']}.inference.ingest"
+    _publish_raw(queue, b"\x00\x01 not json at all")
+    tenant = pipe.make_tenant()
+    job_id = pipe.submit(tenant, load_samples()[1].text)
+    assert pipe.wait_state(job_id, TERMINAL)["state"] == "SUCCEEDED"
+    assert all(worker.alive() for worker in pipe.workers)
+    broker = make_broker(CommonSettings(amqp_url=AMQP_URL))
+    try:
+        deadline = time.monotonic() + 10
+        while broker.get_queue_message_counts(queue)[2] == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert broker.get_queue_message_counts(queue)[2] >= 1
+    finally:
+        broker.close()
+
+
+def test_a_provider_answer_that_is_not_json_is_an_attempt_outcome_and_the_job_is_retried(
+    pipe: Pipeline,
+) -> None:
+    pipe.fault("broken_json", count=1)
+    tenant = pipe.make_tenant()
+    job_id = pipe.submit(tenant, load_samples()[0].text)
+    job = pipe.wait_state(job_id, TERMINAL)
+    assert job["state"] == "SUCCEEDED"
+    assert job["attempt"] == 2
+    outcomes = [a["outcome"] for a in pipe.attempts(job_id)]
+    assert outcomes == ["broken_json", "ok"]
+
+
+@pytest.mark.parametrize("mode", ["hallucinated_iban", "obey_injection"])
+def test_a_model_that_invents_or_obeys_the_document_never_reaches_succeeded(
+    pipe: Pipeline, mode: str
+) -> None:
+    # Given a model that answers with an IBAN the invoice does not state (or the one an injected
+    # instruction asks for), when the invoices with an IBAN are extracted
+    pipe.fault(mode)
+    tenant = pipe.make_tenant()
+    samples = [s for s in load_samples() if "IBAN" in s.text]
+    if mode == "obey_injection":  # only a document that carries an instruction can be obeyed
+        samples = [s for s in samples if "instruction" in s.why]
+    assert samples
+    jobs = [pipe.submit(tenant, s.text) for s in samples]
+    # Then none of them ends SUCCEEDED: validation sends them to review with an IBAN reason
+    for job_id in jobs:
+        job = pipe.wait_state(job_id, TERMINAL)
+        assert job["state"] == "REVIEW_REQUIRED"
+        codes = {reason["code"] for reason in job["review_reasons"]}
+        assert codes & {"iban_mismatch", "iban_checksum", "evidence_missing", "iban_ambiguous"}
