@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from services.inference.validation import (
+    REASON_CODES,
     MasterSupplier,
     ValidationContext,
     Verdict,
@@ -185,3 +186,15 @@ def test_sample_08_read_by_a_model_that_obeys_the_injection_never_succeeds(quote
     verdict = judge("08_review_injected_instruction_try.txt", extraction)
     assert verdict.outcome == "review_required"
     assert {"iban_mismatch", "iban_ambiguous"} <= {r.code for r in verdict.reasons}
+
+
+def test_the_sample_manifest_expects_only_reason_codes_the_policy_can_give() -> None:
+    manifest = json.loads((SAMPLES / "manifest.json").read_text(encoding="utf-8"))
+    expected = [
+        code
+        for entry in manifest
+        for case in [entry, *entry.get("faults", {}).values()]
+        for code in case.get("reasons", [])
+    ]
+    assert expected, "the manifest lists no review reasons: the scan is broken"
+    assert sorted(set(expected) - set(REASON_CODES)) == []
