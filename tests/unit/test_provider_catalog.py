@@ -47,6 +47,13 @@ def test_a_base_url_alone_points_the_gateway_at_any_openai_compatible_endpoint()
     assert "sk-test" not in repr(only)
 
 
+def test_a_base_url_without_a_model_serves_the_simulated_model_from_the_sandbox_pool() -> None:
+    env = {"FATURA_PROVIDER_BASE_URL": "http://127.0.0.1:9999/v1"}
+    catalog = load_catalog(GatewaySettings.from_env(env), env=env)
+    (only,) = catalog.chain("fatura-sim-1") or ()
+    assert (only.base_url, only.pool, only.api_key) == ("http://127.0.0.1:9999/v1", "sandbox", None)
+
+
 def test_the_api_key_comes_from_the_variable_the_file_names() -> None:
     raw = {"channels": {"a": channel(api_key_env="ACME_KEY")}, "models": {"m": {"chain": ["a"]}}}
     assert parse_catalog(raw, {"ACME_KEY": "secret"}).chains["m"][0].api_key == "secret"
@@ -92,7 +99,6 @@ def test_a_missing_file_fails_fast_with_the_variable_name(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     "env",
     [
-        {"FATURA_PROVIDER_BASE_URL": "https://x/v1"},  # which model?
         {"FATURA_PROVIDER_BASE_URL": "api.example.com", "FATURA_PROVIDER_MODEL": "m"},
         {"FATURA_PROVIDER_HEADER_TIMEOUT_SECONDS": "forever"},
         {"FATURA_PROVIDER_BREAKER_FAILURES": "0"},

@@ -15,6 +15,7 @@ from services.common.settings import SettingsError, env_float, env_int, env_str
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_CONFIG = ROOT / "deploy" / "local" / "providers.toml"
+SIMULATED_MODEL = "fatura-sim-1"
 
 
 @dataclass(frozen=True)
@@ -65,15 +66,13 @@ class GatewaySettings:
         if base_url:
             if not base_url.startswith(("http://", "https://")):
                 raise SettingsError(f"FATURA_PROVIDER_BASE_URL={base_url!r} is not an http(s) URL")
-            if model is None:
-                raise SettingsError(
-                    "FATURA_PROVIDER_BASE_URL needs FATURA_PROVIDER_MODEL (the model to ask for)"
-                )
             override = EndpointOverride(
                 base_url=base_url.rstrip("/"),
                 api_key=env.get("FATURA_PROVIDER_API_KEY", "").strip() or None,
-                model=model,
-                pool=env_str(env, "FATURA_PROVIDER_POOL", "default"),
+                # The simulator's model and pool unless told otherwise (DESIGN §7: pointing the
+                # worker at another endpoint needs nothing else).
+                model=model or SIMULATED_MODEL,
+                pool=env_str(env, "FATURA_PROVIDER_POOL", "sandbox"),
             )
         prefix = env_str(env, "FATURA_PROVIDER_BREAKER_PREFIX", cls.breaker_prefix)
         if any(ch in prefix for ch in "{} "):
@@ -81,7 +80,8 @@ class GatewaySettings:
                 f"FATURA_PROVIDER_BREAKER_PREFIX={prefix!r} may not hold '{{', '}}' or spaces"
             )
         cooldown_s = env_float(env, "FATURA_PROVIDER_BREAKER_COOLDOWN_SECONDS", 60.0, lo=0.05, hi=86_400)
-        deadline_s = env_float(env, "FATURA_PROVIDER_DEADLINE_SECONDS", 45.0, lo=0.1, hi=3_600)
+        # The inference worker's own attempt deadline: one variable for one budget.
+        deadline_s = env_float(env, "FATURA_ATTEMPT_DEADLINE_SECONDS", 45.0, lo=0.5, hi=3_600)
         return cls(
             config_path=raw_path if raw_path.is_absolute() else ROOT / raw_path,
             override=override,

@@ -1,0 +1,213 @@
+"""``fatura bench gateway``: what the provider gateway adds to one call, beside a bare httpx call to
+the same simulated provider in the same run.
+
+The simulated provider runs with zero latency and no limits, so nearly all of a call is HTTP and
+JSON on this machine. Both series make the same streamed request over the same kind of pooled
+client and read the stream to its end; calls alternate (bare, gateway, gateway, bare, ...) so
+drift on a shared machine hits both alike. The gateway's extra work per call: the circuit
+breaker's admission (one Redis script), permits (a no-op here: the limiter is benchmarked by
+``fatura bench limiter``), frame parsing, the hop record and its metrics. Goal: <= 2 ms added at p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from services.inference.prompt import build_messages
+from services.inference.providers.base import PermitDenied, PermitGranted, ProviderRequest
+from services.inference.providers.breaker_store import RedisBreakers, connect
+from services.inference.providers.catalog import parse_catalog
+from services.inference.providers.exchange import request_body
+from services.inference.providers.gateway import Gateway, http_client
+from services.inference.providers.settings import GatewaySettings
+from services.sandbox.samples import SAMPLES_DIR
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "fatura-sim-1"
+GOAL_ADDED_P99_MS = 2.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--calls", type=int, default=3000, help="measured calls per series (default 3000)")
+    p.add_argument("--warmup", type=int, default=200, help="unmeasured calls per series first")
+    p.add_argument("--base-url", help="bench this running provider (…/v1) instead of starting one")
+    p.add_argument("--redis-url", help="Redis for the circuit breaker (default FATURA_REDIS_URL)")
+    p.add_argument("--out", type=Path, default=Path("out") / "bench-gateway.png", help="chart path")
+
+
+class NoPermits:
+    def acquire(self, pool: str) -> PermitGranted | PermitDenied:
+        return PermitGranted("bench")
+
+    def release(self, permit: PermitGranted, outcome: str, input_tokens: int, output_tokens: int) -> None:
+        pass
+
+    def throttle(self, pool: str, retry_after_ms: int) -> None:
+        pass
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def start_provider() -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tempfile.NamedTemporaryFile(prefix="bench-gateway-provider-", suffix=".log", delete=False)
+    env = {**os.environ, "FATURA_SANDBOX_PROVIDER_PORT": str(port), "FATURA_LOG_LEVEL": "WARNING"}
+    for name in ("LATENCY_MS", "RPM", "TPM", "CONCURRENCY", "API_KEY"):
+        env.pop(f"FATURA_SANDBOX_PROVIDER_{name}", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "services.cli.main", "sandbox", "provider"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the simulated provider exited; its log is {log.name}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return process, f"{url}/v1"
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"the simulated provider was not ready in 30 s; its log is {log.name}")
+
+
+def measure(fn: Callable[[], None], into: list[float], n: int) -> None:
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        into.append((time.perf_counter() - t0) * 1000)
+
+
+def run(args: argparse.Namespace) -> int:
+    base_settings = GatewaySettings.from_env()
+    redis_url = args.redis_url or base_settings.redis_url
+    prefix = f"bench:breaker:{uuid.uuid4().hex[:8]}"
+    process, base_url = (None, args.base_url.rstrip("/")) if args.base_url else start_provider()
+    try:
+        raw = {
+            "channels": {"bench": {"serves": MODEL, "base_url": base_url, "pool": "bench"}},
+            "models": {MODEL: {"chain": ["bench"]}},
+        }
+        catalog = parse_catalog(raw, {})
+        channel = catalog.chains[MODEL][0]
+        breakers = RedisBreakers(connect(redis_url), prefix, base_settings.breaker)
+        gateway = Gateway(catalog, base_settings, breakers)
+        bare_client = http_client(base_settings)
+        text = (SAMPLES_DIR / "01_tr_kirtasiye_try.txt").read_text(encoding="utf-8")
+        request = ProviderRequest(MODEL, build_messages(text, nonce="0" * 16), 2048, 30.0, "bench:1")
+        body = request_body(channel, request)
+        headers = {"accept": "text/event-stream", "x-request-id": request.request_id}
+        permits = NoPermits()
+
+        def bare() -> None:
+            with bare_client.stream("POST", channel.url, json=body, headers=headers) as response:
+                for _ in response.iter_lines():
+                    pass
+                if response.status_code != 200:
+                    raise SystemExit(f"the provider answered {response.status_code}")
+
+        def through_gateway() -> None:
+            result = gateway.complete(request, permits)
+            if not result.ok:
+                raise SystemExit(f"the gateway call failed: {result.error_class} {result.error_message}")
+
+        def admit() -> None:
+            breakers.admit(channel.name)
+
+        series: dict[str, list[float]] = {"bare httpx": [], "gateway": [], "breaker admit (Redis)": []}
+        scratch: list[float] = []
+        print(f"provider {base_url} (zero latency), breaker in {redis_url}; warmup {args.warmup} calls each")
+        measure(bare, scratch, args.warmup)
+        measure(through_gateway, scratch, args.warmup)
+        started, step = time.monotonic(), max(1, args.calls // 10)
+        for i in range(args.calls):
+            first, second = ("bare httpx", "gateway") if i % 2 == 0 else ("gateway", "bare httpx")
+            for name in (first, second):
+                measure(bare if name == "bare httpx" else through_gateway, series[name], 1)
+            if (i + 1) % step == 0:
+                print(f"  {i + 1}/{args.calls} calls each, {time.monotonic() - started:.1f} s", flush=True)
+        measure(admit, series["breaker admit (Redis)"], args.calls)
+        gateway.close()
+        bare_client.close()
+        report(series, args.out)
+    finally:
+        if process is not None:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=15)
+        client = redis.Redis.from_url(redis_url)
+        for key in client.scan_iter(f"{prefix}:*"):
+            client.delete(key)
+        client.close()
+    return 0
+
+
+def report(series: dict[str, list[float]], out: Path) -> None:
+    figures: dict[str, Any] = {}
+    print()
+    for name, values in series.items():
+        p50, p99 = percentile(values, 0.50), percentile(values, 0.99)
+        figures[name] = {"calls": len(values), "p50_ms": round(p50, 3), "p99_ms": round(p99, 3)}
+        print(f"{name:<24} p50 {p50:7.3f} ms   p99 {p99:7.3f} ms   ({len(values)} calls)")
+    bare, gw = figures["bare httpx"], figures["gateway"]
+    added_p50 = gw["p50_ms"] - bare["p50_ms"]
+    added_p99 = gw["p99_ms"] - bare["p99_ms"]
+    ratio = gw["p99_ms"] / bare["p99_ms"]
+    verdict = "met" if added_p99 <= GOAL_ADDED_P99_MS else "NOT met"
+    print(f"{'added by the gateway':<24} p50 {added_p50:+7.3f} ms   p99 {added_p99:+7.3f} ms")
+    print(f"gateway p99 / bare p99 = {ratio:.2f}x; goal <= {GOAL_ADDED_P99_MS:g} ms added at p99: {verdict}")
+    figures["added"] = {
+        "p50_ms": round(added_p50, 3),
+        "p99_ms": round(added_p99, 3),
+        "p99_ratio": round(ratio, 3),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+    chart(series, out, added_p99, ratio)
+    print(f"chart: {out}  numbers: {out.with_suffix('.json')}")
+
+
+def chart(series: dict[str, list[float]], out: Path, added_p99: float, ratio: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, values in series.items():
+        ordered = sorted(values)
+        ax.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=name)
+    ax.axhline(0.99, color="grey", linestyle=":", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("latency per call (ms, log scale)")
+    ax.set_ylabel("share of calls")
+    ax.set_title(f"Gateway vs bare httpx, zero-latency provider: +{added_p99:.2f} ms at p99 ({ratio:.2f}x)")
+    ax.legend(loc="lower right")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
