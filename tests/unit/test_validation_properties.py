@@ -203,3 +203,46 @@ def test_any_adjacent_transposition_fails(iban: str, data: st.DataObject) -> Non
     verdict = iban_verdict(swapped)
     # A letter swapped into the check digits breaks the schema itself: a model error, never a success.
     assert verdict.outcome == "model_error" or "iban_checksum" in codes(verdict)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@PROPERTIES
+@given(content=st.text() | json_values.map(json.dumps))
+def test_any_answer_at_all_gets_a_verdict_never_an_exception(content: str) -> None:
+    verdict = judge_raw(content, source_text="")
+    assert verdict.outcome == "model_error" and verdict.error_class in {"broken_json", "schema_violation"}
+
+
+@PROPERTIES
+@given(
+    source_text=st.text(),
+    quotes=st.lists(st.text(min_size=1, max_size=60), min_size=4, max_size=4),
+    name=st.text(min_size=1, max_size=40).filter(str.strip),
+)
+def test_any_document_and_any_quotes_get_a_verdict_never_an_exception(
+    source_text: str, quotes: list[str], name: str
+) -> None:
+    row = [(Decimal(2), Decimal("1.5"), Decimal(3))]
+    answer = invoice("TRY", row, Decimal(3), Decimal(0), Decimal(3))
+    answer["supplier"]["name"] = answer["lines"][0]["description"] = name
+    pointers = ["/supplier/name", "/issue_date", "/lines/0/amount", "/currency"]
+    answer["evidence"] = dict(zip(pointers, quotes, strict=True))
+    verdict = judge_raw(json.dumps(answer), source_text=source_text)
+    assert verdict.outcome in {"succeeded", "review_required", "model_error"}
+    if verdict.outcome == "review_required":
+        assert {r.code for r in verdict.reasons} <= {"evidence_missing"}
+
+
+def judge_raw(content: str, source_text: str) -> Verdict:
+    context = ValidationContext(
+        source_text=source_text,
+        allowed_currencies=frozenset({"TRY"}),
+        suppliers={TAX_ID: MasterSupplier(TAX_ID, "Kuzey", None, "TRY")},
+    )
+    return validate(content, context)
