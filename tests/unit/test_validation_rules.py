@@ -492,6 +492,15 @@ def test_an_answer_outside_the_schema_is_a_schema_violation_naming_the_path(
     assert verdict.error_message is not None and named in verdict.error_message
 
 
+@pytest.mark.parametrize(
+    ("depth", "error_class"), [(50, "schema_violation"), (600, "schema_violation"), (5000, "broken_json")]
+)
+def test_a_deeply_nested_answer_is_a_model_error_not_a_crash(depth: int, error_class: str) -> None:
+    content = '{"lines": ' + "[" * depth + "]" * depth + "}"
+    verdict = validate(content, context(Invoice()))
+    assert (verdict.outcome, verdict.error_class) == ("model_error", error_class)
+
+
 def test_an_answer_over_the_size_limit_is_a_too_large_model_error() -> None:
     content = json.dumps(Invoice().extraction())
     verdict = validate(content, context(Invoice()), max_bytes=len(content) - 1)

@@ -71,19 +71,23 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _storable(value: Any) -> bool:
-    if isinstance(value, str):
-        if "\x00" in value:
-            return False
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return False
-        return True
-    if isinstance(value, dict):
-        return all(_storable(k) and _storable(v) for k, v in value.items())
-    if isinstance(value, list):
-        return all(_storable(v) for v in value)
+def _storable(document: dict[str, Any]) -> bool:
+    """No NUL and no unpaired surrogate in any key or string (walked without recursion)."""
+    stack: list[Any] = [document]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, str):
+            if "\x00" in value:
+                return False
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
     return True
 
 
