@@ -1,0 +1,115 @@
+"""The fair claim against a real backlog: one tenant's thousands of queued jobs do not starve
+another tenant's single job, and interactive work goes first without starving batch work."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from fix_db import drop_database, recreate_database
+from services.acceptance.tenants import TenantSpec, create_tenant
+from services.common.db import SyncPool, sync_pool
+from services.common.migrate import migrate
+from services.common.settings import CommonSettings
+from services.inference.claims import Claims, Started
+from services.limiter.model import Grant
+
+
+@pytest.fixture
+def fresh_pool(database_url: str) -> Iterator[SyncPool]:
+    """A database no running worker watches, so only this test claims from it."""
+    url = f"{database_url}_fair"
+    recreate_database(url)
+    migrate(url)
+    with sync_pool(CommonSettings(database_url=url), name="fair", max_size=2) as pool:
+        yield pool
+    drop_database(url)
+
+
+def _queue_jobs(
+    pool: SyncPool, tenant_id: uuid.UUID, count: int, priority: str = "batch", age_s: int = 0
+) -> None:
+    """Insert ``count`` READY jobs for the tenant in one statement (the backlog a burst leaves)."""
+    doc_id = uuid.uuid4()
+    with pool.connection() as conn:
+        conn.execute(
+            "INSERT INTO documents (tenant_id, id, version, sha256, size_bytes, text)"
+            " VALUES (%s, %s, 1, 'x', 1, 'x')",
+            (tenant_id, doc_id),
+        )
+        conn.execute(
+            """
+            INSERT INTO extraction_jobs (id, tenant_id, idempotency_key, request_hash, document_id,
+                document_version, object_version, doc_bytes, estimated_tokens, schema_version,
+                policy_version, model_policy, priority, state, available_at, deadline_at, created_at)
+            SELECT gen_random_uuid(), %(t)s, 'k' || g || '-' || %(p)s || %(d)s, 'h', %(d)s, 1, 'v1', 1, 10,
+                   'invoice.v1', 'p', 'default', %(p)s, 'READY',
+                   now() - make_interval(secs => %(age)s) + g * interval '1 millisecond',
+                   now() + interval '1 day', now()
+            FROM generate_series(1, %(n)s) AS g
+            """,
+            {"t": tenant_id, "n": count, "p": priority, "d": doc_id, "age": age_s},
+        )
+
+
+def _claims(pool: SyncPool) -> Claims:
+    return Claims(pool, worker_id="test", model="m", lease_seconds=60, aging_seconds=30)
+
+
+def _grant(tenant_id: uuid.UUID, tokens: int) -> Grant:
+    return Grant(permit_id=f"p-{uuid.uuid4()}", lease_expires_at_ms=0)
+
+
+def _claim_tenants(pool: SyncPool, n: int) -> list[Any]:
+    claims = _claims(pool)
+    order = []
+    for _ in range(n):
+        started = claims.claim(_grant)
+        assert isinstance(started, Started)
+        order.append(started.job)
+    return order
+
+
+def test_one_tenants_backlog_does_not_starve_another_tenants_single_job(fresh_pool: SyncPool) -> None:
+    # Given tenant A with 2,000 queued jobs, queued first
+    a, _ = create_tenant(fresh_pool, TenantSpec(name="A", max_in_flight=100))
+    b, _ = create_tenant(fresh_pool, TenantSpec(name="B", max_in_flight=100))
+    _queue_jobs(fresh_pool, a, 2000, age_s=60)
+    # When tenant B submits one job and workers claim
+    _queue_jobs(fresh_pool, b, 1)
+    claimed = _claim_tenants(fresh_pool, 3)
+    # Then B's job is among the first claims, not after A's backlog
+    assert b in [job.tenant_id for job in claimed[:2]]
+
+
+def test_tenants_are_served_by_weight(fresh_pool: SyncPool) -> None:
+    heavy, _ = create_tenant(fresh_pool, TenantSpec(name="heavy", weight=3, max_in_flight=100))
+    light, _ = create_tenant(fresh_pool, TenantSpec(name="light", weight=1, max_in_flight=100))
+    _queue_jobs(fresh_pool, heavy, 100)
+    _queue_jobs(fresh_pool, light, 100)
+    claimed = [job.tenant_id for job in _claim_tenants(fresh_pool, 40)]
+    assert claimed.count(heavy) == 30
+    assert claimed.count(light) == 10
+
+
+def test_a_tenant_at_its_in_flight_cap_is_skipped(fresh_pool: SyncPool) -> None:
+    capped, _ = create_tenant(fresh_pool, TenantSpec(name="capped", max_in_flight=2))
+    _queue_jobs(fresh_pool, capped, 10)
+    claims = _claims(fresh_pool)
+    assert isinstance(claims.claim(_grant), Started)
+    assert isinstance(claims.claim(_grant), Started)
+    assert claims.claim(_grant) is None
+
+
+def test_interactive_goes_first_but_aged_batch_work_is_not_starved(fresh_pool: SyncPool) -> None:
+    tenant, _ = create_tenant(fresh_pool, TenantSpec(name="mixed", max_in_flight=100))
+    _queue_jobs(fresh_pool, tenant, 1, priority="batch", age_s=5)
+    _queue_jobs(fresh_pool, tenant, 1, priority="interactive")
+    _queue_jobs(fresh_pool, tenant, 1, priority="batch", age_s=120)
+    claimed = [job.priority for job in _claim_tenants(fresh_pool, 3)]
+    # The batch job that waited 120 s beats the fresh interactive one (aging 30 s); the interactive
+    # one beats the batch job that waited only 5 s.
+    assert claimed == ["batch", "interactive", "batch"]
