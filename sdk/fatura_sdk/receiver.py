@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,6 @@ class Response:
     # accepted, duplicate, conflict, ping, unauthorized, bad_request, too_large, error
     outcome: str
     webhook_id: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
 
 
 def payload_digest(event: Mapping[str, Any]) -> str:
@@ -115,6 +114,7 @@ class Receiver:
         self._max_body_bytes = max_body_bytes
         self._lock = threading.Lock()
         self._process_counts: Counter[str] = Counter()
+        self._count_lock = threading.Lock()  # refusals are counted outside the inbox lock
         self._conn = connect(db_path)
         self._conn.executescript(_Q["create_schema"])
         if schema:
@@ -151,7 +151,7 @@ class Receiver:
             message = "an event needs a type and a data object"
             return self._reject(400, "bad_request", "malformed_payload", message)
         if event_type == PING:
-            self._process_counts["ping"] += 1
+            self._count("ping")
             log.info("webhook ping %s verified", webhook_id)
             return Response(200, {"status": "pong"}, "ping", webhook_id)
         with self._lock:
@@ -163,8 +163,9 @@ class Receiver:
             durable = {row["name"]: int(row["value"]) for row in conn.execute(_Q["counters"])}
         counts = {"accepted": 0, "duplicate": 0, "conflict": 0}
         counts.update(durable)
-        for name in ("ping", "unauthorized", "bad_request", "too_large", "error"):
-            counts[name] = self._process_counts[name]
+        with self._count_lock:
+            for name in ("ping", "unauthorized", "bad_request", "too_large", "error"):
+                counts[name] = self._process_counts[name]
         return counts
 
     @contextmanager
@@ -235,8 +236,12 @@ class Receiver:
         }
         return Response(409, body, "conflict", webhook_id)
 
+    def _count(self, outcome: str) -> None:
+        with self._count_lock:
+            self._process_counts[outcome] += 1
+
     def _reject(self, status: int, outcome: str, code: str, message: str) -> Response:
-        self._process_counts[outcome] += 1
+        self._count(outcome)
         return Response(status, {"error": {"code": code, "message": message}}, outcome)
 
 

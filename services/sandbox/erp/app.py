@@ -106,7 +106,7 @@ async def webhooks(request: web.Request) -> web.StreamResponse:
         # The chaos point the design names: the inbox has committed, the sender has no answer yet.
         fault_points.point(erp.settings.common.faults, ERP_CRASH_AFTER_COMMIT)
     log.info("webhook %s -> %d %s", response.webhook_id or "?", response.status, response.outcome)
-    return web.json_response(response.body, status=response.status, headers=response.headers)
+    return web.json_response(response.body, status=response.status)
 
 
 async def _answer_fault(request: web.Request, fault: Fault) -> web.StreamResponse:
