@@ -170,18 +170,15 @@ def evidence_reasons(invoice: Mapping[str, Any], source_text: str) -> list[Reaso
     evidence: Mapping[str, str] = invoice["evidence"]
     source = normalize_space(source_text)
     reasons: list[Reason] = []
-    # Row quotes repeat for every field of a line; each is searched in the document only once.
     in_source: dict[str, bool] = {}
     for pointer, value, matcher in scalar_fields(invoice):
         if value is None:
             continue
         quote = evidence.get(pointer)
-        if quote is not None and quote not in in_source:
-            in_source[quote] = normalize_space(quote) in source
         if quote is None:
             problem = "no_quote"
             message = f"{pointer} has no evidence quote"
-        elif not in_source[quote]:
+        elif not _found(normalize_space(quote), source, in_source):
             problem = "quote_not_in_source"
             message = f"the evidence quote of {pointer} is not in the document"
         elif not matcher(str(value), quote):
@@ -192,3 +189,10 @@ def evidence_reasons(invoice: Mapping[str, Any], source_text: str) -> list[Reaso
         detail = {"problem": problem, "value": value, "quote": quote}
         reasons.append(Reason("evidence_missing", pointer, message, detail))
     return reasons
+
+
+def _found(quote: str, source: str, seen: dict[str, bool]) -> bool:
+    # Row quotes repeat for every field of a line; each is searched in the document only once.
+    if quote not in seen:
+        seen[quote] = quote in source
+    return seen[quote]
