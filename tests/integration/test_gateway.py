@@ -24,6 +24,8 @@ from fix_processes import ServiceProcess, SpawnFn, free_port
 from services.inference.prompt import build_messages
 from services.inference.providers import Gateway, GatewaySettings, ProviderRequest, ProviderResult
 from services.inference.providers.base import ErrorClass, PermitDenied, PermitGranted
+from services.inference.providers.breaker_store import RedisBreakers, connect
+from services.inference.providers.catalog import load_catalog
 from services.sandbox.samples import SAMPLES_DIR
 
 MODEL = "fatura-sim-1"
@@ -49,9 +51,9 @@ class Sim:
         return int(httpx.get(f"{self.url}/admin/stats").json()["requests_total"])
 
 
-def _start_sim(spawn: SpawnFn) -> Sim:
+def _start_sim(spawn: SpawnFn, **env: str) -> Sim:
     port = free_port()
-    process = spawn("provider", FATURA_SANDBOX_PROVIDER_PORT=str(port), FATURA_LOG_LEVEL="WARNING")
+    process = spawn("provider", FATURA_SANDBOX_PROVIDER_PORT=str(port), FATURA_LOG_LEVEL="WARNING", **env)
     url = f"http://127.0.0.1:{port}"
     process.wait_ready(f"{url}/readyz")
     return Sim(process, url)
@@ -131,13 +133,15 @@ class RecordingPermits:
         self.throttled.append((pool, retry_after_ms))
 
 
-def gateway_for(tmp_path: Path, *urls: str, **env: str) -> Gateway:
-    """A gateway whose chain for MODEL is the given endpoints, cheapest first (pools p1, p2, ...)."""
+def gateway_for(tmp_path: Path, *urls: str, key_env: str | None = None, **env: str) -> Gateway:
+    """A gateway whose chain for MODEL is the given endpoints, cheapest first (pools p1, p2, ...);
+    ``key_env`` names the variable holding every channel's API key."""
     lines = [f'default_model = "{MODEL}"']
     names = [f"ch{i}" for i in range(1, len(urls) + 1)]
     for i, (name, url) in enumerate(zip(names, urls, strict=True)):
         lines += [f"[channels.{name}]", f'serves = "{MODEL}"', f'base_url = "{url}/v1"']
         lines += [f"cost = {i}", f'pool = "p{i + 1}"']
+        lines += [f'api_key_env = "{key_env}"'] if key_env else []
     lines += [f'[models."{MODEL}"]', f"chain = {json.dumps(names)}"]
     config = tmp_path / f"providers-{uuid.uuid4().hex[:6]}.toml"
     config.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -151,7 +155,9 @@ def gateway_for(tmp_path: Path, *urls: str, **env: str) -> Gateway:
             **env,
         }
     )
-    return Gateway.from_settings(settings)
+    catalog = load_catalog(settings, env)
+    breakers = RedisBreakers(connect(settings.redis_url), settings.breaker_prefix, settings.breaker)
+    return Gateway(catalog, settings, breakers)
 
 
 def call(gateway: Gateway, permits: RecordingPermits | None = None, **request: Any) -> ProviderResult:
@@ -206,7 +212,7 @@ def test_three_failures_open_the_breaker_later_calls_skip_it_and_it_closes_after
 ) -> None:
     # Given channel 1 fails every call, and three attempts have met that failure
     ch1.fault("server_error", count=None, status=502)
-    gateway = gateway_for(tmp_path, ch1.url, ch2.url, FATURA_PROVIDER_BREAKER_COOLDOWN_SECONDS="1.5")
+    gateway = gateway_for(tmp_path, ch1.url, ch2.url, FATURA_PROVIDER_BREAKER_COOLDOWN_SECONDS="3")
     for _ in range(3):
         assert outcomes(call(gateway)) == [("ch1", "server_error"), ("ch2", "ok")]
     assert ch1.requests() == 3
@@ -224,7 +230,7 @@ def test_three_failures_open_the_breaker_later_calls_skip_it_and_it_closes_after
 
 
 def _wait_until_channel_tried(gateway: Gateway, sim: Sim) -> None:
-    for _ in range(60):
+    for _ in range(100):
         result = call(gateway)
         if result.hops[0].outcome != "skipped":
             assert outcomes(result) == [("ch1", "ok")]
@@ -334,3 +340,43 @@ def test_an_unknown_model_is_refused_without_a_call(tmp_path: Path, ch1: Sim) ->
     result = call(gateway_for(tmp_path, ch1.url), model="gpt-nonexistent")
     assert (result.error_class, result.hops, result.retryable) == (ErrorClass.NOT_FOUND, [], False)
     assert ch1.requests() == 0
+
+
+def test_the_key_comes_from_the_named_variable_and_a_401_is_not_failed_over(
+    tmp_path: Path, spawn: SpawnFn, ch2: Sim
+) -> None:
+    # Given a provider that accepts only its own key
+    locked = _start_sim(spawn, FATURA_SANDBOX_PROVIDER_API_KEY="sk-right")
+    try:
+        # When the channel's key variable holds that key, the call is answered
+        good = gateway_for(tmp_path, locked.url, key_env="ACME_KEY", ACME_KEY="sk-right")
+        assert outcomes(call(good)) == [("ch1", "ok")]
+        # And with another key it is a 401: final, the next channel is not asked
+        bad = gateway_for(tmp_path, locked.url, ch2.url, key_env="ACME_KEY", ACME_KEY="sk-wrong")
+        result = call(bad)
+        assert (result.error_class, outcomes(result)) == (ErrorClass.UNAUTHORIZED, [("ch1", "unauthorized")])
+        assert ch2.requests() == 0
+    finally:
+        locked.process.stop()
+
+
+def test_worker_threads_share_one_gateway(tmp_path: Path, ch1: Sim) -> None:
+    # Given one gateway per process, as the worker builds it, and eight threads calling at once
+    gateway = gateway_for(tmp_path, ch1.url)
+    results: list[ProviderResult] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(5):
+            result = call(gateway)
+            with lock:
+                results.append(result)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Then every call is answered over the shared pooled client
+    assert len(results) == 40 and all(r.ok for r in results)
+    assert ch1.requests() == 40

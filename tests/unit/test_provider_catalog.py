@@ -11,6 +11,7 @@ import pytest
 from services.common.settings import SettingsError
 from services.inference.providers.catalog import CatalogError, load_catalog, parse_catalog
 from services.inference.providers.frames import Completion, Frame, parse_body
+from services.inference.providers.gateway import Gateway
 from services.inference.providers.settings import DEFAULT_CONFIG, GatewaySettings
 
 
@@ -135,3 +136,14 @@ def test_sse_lines_make_events_and_comments_are_ignored() -> None:
 def test_a_plain_json_answer_is_read_as_one_completion() -> None:
     body = b'{"model": "m", "choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]}'
     assert parse_body(body).content == "ok"
+
+
+def test_a_worker_builds_its_gateway_from_the_environment_alone() -> None:
+    gateway = Gateway.from_settings(
+        GatewaySettings.from_env({"FATURA_REDIS_URL": "redis://127.0.0.1:6379/14"})
+    )
+    try:
+        assert gateway.catalog.default_model == "fatura-sim-1"
+        assert [c.name for c in gateway.catalog.channels] == ["sandbox"]
+    finally:
+        gateway.close()
