@@ -15,6 +15,7 @@ from typing import Any
 BENCHMARKS = {
     "accept": ("bench.accept", "open-loop job submissions against the running HTTP edge vs raw psycopg"),
     "limiter": ("bench.limiter", "Acquire+Release pairs through the limiter vs the raw Lua scripts"),
+    "delivery": ("bench.delivery", "signed webhook deliveries/s to the local ERP vs raw httpx POSTs"),
     "gateway": ("bench.gateway", "provider gateway overhead per call vs a bare httpx call to the simulator"),
 }
 
