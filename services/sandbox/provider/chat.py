@@ -8,6 +8,7 @@ slot from admission until its last byte is sent or its client has gone.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -62,6 +63,21 @@ class Simulator:
         self.stats.in_flight(self.limits.in_flight)
 
 
+# Benchmarks send the same sample invoices over and over; reading one costs milliseconds of regex
+# work on the only event loop. The answer is a pure function of the text, so it is kept (never
+# mutated: the content faults copy it). Large documents are not kept, to bound the memory.
+_CACHEABLE_CHARS = 64 * 1024
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_extract(document: str) -> dict[str, Any]:
+    return extract(document)
+
+
+def honest_answer(document: str) -> dict[str, Any]:
+    return _cached_extract(document) if len(document) <= _CACHEABLE_CHARS else extract(document)
+
+
 def error(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -94,7 +110,7 @@ async def chat_completions(request: Request) -> Response:
         return error(404, wire.error_body(message, "invalid_request_error", "model_not_found", "model"))
 
     document = chat.document
-    result = extract(document)
+    result = honest_answer(document)
     fault = sim.faults.draw()
     if fault is not None and fault.mode == "hallucinated_iban" and result["supplier"]["name"]:
         result = fault_modes.hallucinate_iban(result, document)
