@@ -1,0 +1,338 @@
+"""``fatura bench pipeline``: jobs/s from accepted to SUCCEEDED through the whole inference pipeline,
+beside a no-op Dramatiq actor's rate on the same RabbitMQ in the same run (the ceiling).
+
+The simulated provider answers with zero latency and no limits, and the limiter's pool is far above
+anything reachable, so what is measured is the pipeline's own overhead: the relay publishing the
+requested event, ``ingest`` writing the inbox and sending a wake-up, a slot's fair claim with its
+limiter permit, the provider call, validation, the fenced completion, and the relay publishing the
+completed event. Jobs are accepted with the edge's own ``accept_job`` statement (not HTTP: the edge
+is measured by ``fatura bench accept``), as fast as four connections go, while everything runs; the
+figure is the job count over the time from the first acceptance to the last terminal state, both
+read from the database. Several worker layouts (processes x execution slots) run one after the
+other on the same stack, each with a tenant of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.stack import OUT_DIR, TERMINAL, Stack, limiter_toml, load_average, noop_queue
+from services.common.settings import CommonSettings
+
+GOAL_JOBS_PER_SECOND = 300.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", type=int, default=3000, help="jobs per layout (default 3000)")
+    p.add_argument(
+        "--layouts",
+        default="1x8,1x16,2x8,2x16",
+        help="worker layouts to try, PROCESSESxCONCURRENCY, comma-separated (default 1x8,1x16,2x8,2x16)",
+    )
+    p.add_argument("--threads", type=int, default=2, help="FATURA_INFERENCE_THREADS of each worker")
+    p.add_argument("--noop-messages", type=int, default=6000, help="messages for the no-op actor ceiling")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds a layout may take before giving up")
+    p.add_argument(
+        "--profile",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="record each worker with py-spy for this many seconds of each layout (folded stacks in out/)",
+    )
+    p.add_argument("--database", default="fatura_bench_pipeline", help="the bench's own database (recreated)")
+    p.add_argument(
+        "--out", type=Path, default=OUT_DIR / "bench-pipeline.png", help="chart; numbers beside it"
+    )
+
+
+@dataclass(frozen=True)
+class LayoutResult:
+    layout: str
+    processes: int
+    concurrency: int
+    jobs: int
+    finished: int
+    by_state: dict[str, int]
+    seconds: float
+    jobs_per_second: float
+    steady_jobs_per_second: float  # between the 10th and the 90th percentile of finish times
+    p50_seconds: float  # accepted -> terminal, per job
+    p99_seconds: float
+    load_average: str
+    finish_offsets: list[float]  # seconds after the first acceptance, for the chart
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    messages: int
+    threads: int
+    publish_per_second: float
+    consume_per_second: float
+
+
+# ---------------------------------------------------------------- the no-op ceiling (child process)
+
+
+def noop_main(amqp_url: str, queue: str, count: int, threads: int) -> tuple[float, float]:
+    """Publish ``count`` messages, then consume them with a no-op actor; returns both durations.
+
+    The broker is ``make_broker`` and the consumer ``run_worker``, exactly as the inference worker
+    builds them (confirms on, quorum queue, prefetch = threads).
+    """
+    import dramatiq
+
+    from services.common.broker import make_broker
+    from services.common.worker import run_worker
+
+    broker = make_broker(CommonSettings.from_env({**os.environ, "FATURA_AMQP_URL": amqp_url}))
+    done = threading.Event()
+    seen = [0]
+    lock = threading.Lock()
+
+    def noop() -> None:
+        with lock:
+            seen[0] += 1
+            if seen[0] >= count:
+                done.set()
+
+    actor = dramatiq.actor(actor_name="noop", queue_name=queue, broker=broker, max_retries=0)(noop)
+    broker.declare_queue(queue, ensure=True)
+    t0 = time.perf_counter()
+    for _ in range(count):
+        actor.send()
+    published = time.perf_counter() - t0
+    consumed: list[float] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        done.wait()
+        consumed.append(time.perf_counter() - t1)
+        stop.set()
+
+    t1 = time.perf_counter()
+    threading.Thread(target=watch, daemon=True).start()
+    run_worker(
+        broker,
+        name="bench no-op",
+        queues=[queue],
+        threads=threads,
+        metrics_port=0,
+        ready=lambda: None,
+        stop=stop,
+    )
+    return published, consumed[0]
+
+
+def measure_ceiling(stack: Stack, count: int, threads: int) -> Ceiling:
+    print(
+        f"ceiling: {count} messages to a no-op actor ({threads} threads, prefetch {threads}) ...", flush=True
+    )
+    with mp.get_context("spawn").Pool(1) as pool:
+        published, consumed = pool.apply(
+            noop_main, (stack.common.amqp_url, noop_queue(stack.prefix), count, threads)
+        )
+    ceiling = Ceiling(count, threads, count / published, count / consumed)
+    print(
+        f"ceiling: published {ceiling.publish_per_second:,.0f} msg/s (confirms on), "
+        f"consumed {ceiling.consume_per_second:,.0f} msg/s by the no-op actor",
+        flush=True,
+    )
+    return ceiling
+
+
+# ---------------------------------------------------------------- one layout
+
+
+def run_layout(stack: Stack, layout: str, args: argparse.Namespace) -> LayoutResult:
+    processes, concurrency = (int(x) for x in layout.lower().split("x"))
+    env = {"FATURA_INFERENCE_CONCURRENCY": str(concurrency), "FATURA_INFERENCE_THREADS": str(args.threads)}
+    workers = [stack.start_worker(**env) for _ in range(processes)]
+    try:
+        # A few jobs first, so connections, imports and caches are warm before the clock starts.
+        warm, _ = stack.make_tenant("warm", max_in_flight=100_000)
+        stack.accept_jobs(warm, 50)
+        wait_terminal(stack, warm, 50, 60.0, quiet=True)
+        tenant, _ = stack.make_tenant(f"pipe-{layout}", max_in_flight=100_000)
+        load = load_average()
+        print(
+            f"layout {layout}: {processes} worker(s) x {concurrency} slots; load average {load}", flush=True
+        )
+        profilers = start_profilers(workers, layout, args.profile) if args.profile > 0 else []
+        stack.accept_jobs(tenant, args.jobs)
+        wait_terminal(stack, tenant, args.jobs, args.timeout, quiet=False)
+        for profiler in profilers:
+            profiler.wait(timeout=args.profile + 30)
+    finally:
+        for worker in workers:
+            stack.stop(worker)
+    return summarize(stack, tenant, layout, processes, concurrency, load)
+
+
+def wait_terminal(stack: Stack, tenant: uuid.UUID, total: int, timeout: float, *, quiet: bool) -> None:
+    started = last_print = time.monotonic()
+    while True:
+        states = stack.tenant_states(tenant)
+        done = sum(n for state, n in states.items() if state in TERMINAL)
+        now = time.monotonic()
+        if not quiet and (now - last_print >= 2.0 or done >= total):
+            rate = done / (now - started)
+            print(
+                f"  {done:>6}/{total} terminal after {now - started:5.1f} s ({rate:6.1f} jobs/s so far)",
+                flush=True,
+            )
+            last_print = now
+        if done >= total:
+            return
+        if now - started > timeout:
+            print(f"  gave up after {timeout:g} s: {dict(states)}", flush=True)
+            return
+        time.sleep(0.5)
+
+
+def start_profilers(workers: list[Any], layout: str, seconds: float) -> list[subprocess.Popen[bytes]]:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    made = []
+    for worker in workers:
+        out = OUT_DIR / f"bench-pipeline-{layout}-{worker.popen.pid}.folded"
+        command = [spy, "record", "--pid", str(worker.popen.pid), "--duration", str(int(seconds))]
+        command += ["--format", "raw", "--rate", "200", "--nonblocking", "--output", str(out)]
+        made.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+        print(f"  py-spy recording worker {worker.popen.pid} for {seconds:g} s into {out}", flush=True)
+    return made
+
+
+def summarize(
+    stack: Stack, tenant: uuid.UUID, layout: str, processes: int, concurrency: int, load: str
+) -> LayoutResult:
+    span = stack.query("tenant_span", tenant_id=tenant)[0]
+    rows = stack.query("tenant_finish_times", tenant_id=tenant)
+    first = float(span["first_accepted"])
+    finishes = [float(r["finished"]) - first for r in rows]
+    latencies = sorted(float(r["finished"]) - float(r["accepted"]) for r in rows)
+    seconds = float(span["seconds"] or 0.0)
+    finished = int(span["finished"])
+    lo, hi = int(0.1 * len(finishes)), int(0.9 * len(finishes)) - 1
+    steady = (hi - lo) / (finishes[hi] - finishes[lo]) if hi > lo and finishes[hi] > finishes[lo] else 0.0
+    return LayoutResult(
+        layout=layout,
+        processes=processes,
+        concurrency=concurrency,
+        jobs=int(span["jobs"]),
+        finished=finished,
+        by_state=dict(stack.tenant_states(tenant)),
+        seconds=seconds,
+        jobs_per_second=finished / seconds if seconds else 0.0,
+        steady_jobs_per_second=steady,
+        p50_seconds=_pick(latencies, 0.50),
+        p99_seconds=_pick(latencies, 0.99),
+        load_average=load,
+        finish_offsets=finishes,
+    )
+
+
+def _pick(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def run(args: argparse.Namespace) -> int:
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    print(
+        f"fatura bench pipeline — {os.cpu_count()} CPUs, load average {load_average()}; {args.jobs} jobs per "
+        f"layout, zero-latency simulated provider with no limits, limiter pool limits far above reach",
+        flush=True,
+    )
+    OUT_DIR.mkdir(exist_ok=True)
+    with Stack("pipeline", args.database) as stack:
+        print(
+            f"database {args.database}, queue prefix {stack.prefix}; process logs in {stack.log_dir}",
+            flush=True,
+        )
+        stack.start_limiter(
+            limiter_toml(rpm=10**8, tpm=10**12, max_in_flight=100_000, tenant_max_in_flight=100_000)
+        )
+        stack.start_provider()
+        stack.start_relay()
+        stack.start_scheduler()
+        ceiling = measure_ceiling(stack, args.noop_messages, args.threads)
+        results = [run_layout(stack, layout, args) for layout in layouts]
+    report(results, ceiling, args.out)
+    return 0
+
+
+def report(results: list[LayoutResult], ceiling: Ceiling, out: Path) -> None:
+    print()
+    print(
+        f"{'layout':<8} {'jobs':>6} {'seconds':>8} {'jobs/s':>8} {'steady/s':>9} "
+        f"{'p50 s':>7} {'p99 s':>7}  states"
+    )
+    for r in results:
+        states = ", ".join(f"{k} {v}" for k, v in sorted(r.by_state.items()))
+        print(
+            f"{r.layout:<8} {r.finished:>6} {r.seconds:>8.1f} {r.jobs_per_second:>8.1f} "
+            f"{r.steady_jobs_per_second:>9.1f} {r.p50_seconds:>7.2f} {r.p99_seconds:>7.2f}  {states}"
+            f"   (load {r.load_average})"
+        )
+    best = max(results, key=lambda r: r.jobs_per_second)
+    ratio = best.jobs_per_second / ceiling.consume_per_second
+    verdict = "met" if best.jobs_per_second >= GOAL_JOBS_PER_SECOND else "NOT met"
+    print(
+        f"best: {best.layout} at {best.jobs_per_second:.1f} jobs/s accepted -> terminal; goal >= "
+        f"{GOAL_JOBS_PER_SECOND:g} jobs/s: {verdict}"
+    )
+    print(
+        f"ceiling: no-op Dramatiq actor {ceiling.consume_per_second:,.0f} msg/s "
+        f"({ceiling.threads} threads, same broker settings); "
+        f"best / ceiling = {ratio:.3f} (a job consumes 2 messages: ingest + run wake-up)"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    numbers = {"ceiling": asdict(ceiling), "layouts": [asdict(r) | {"finish_offsets": None} for r in results]}
+    out.with_suffix(".json").write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
+    chart(results, ceiling, out)
+    print(f"chart: {out}  numbers: {out.with_suffix('.json')}")
+
+
+def chart(results: list[LayoutResult], ceiling: Ceiling, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (curve, bars) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for r in results:
+        curve.plot(
+            r.finish_offsets,
+            range(1, len(r.finish_offsets) + 1),
+            label=f"{r.layout} ({r.jobs_per_second:.0f}/s)",
+        )
+    curve.set(xlabel="seconds after the first acceptance", ylabel="jobs terminal")
+    curve.set_title("Jobs finished over time, per layout (processes x slots)")
+    curve.legend()
+    curve.grid(True, alpha=0.3)
+    names = [r.layout for r in results] + ["no-op actor"]
+    values = [r.jobs_per_second for r in results] + [ceiling.consume_per_second]
+    bars.bar(names, values, color=["tab:blue"] * len(results) + ["tab:green"])
+    bars.axhline(
+        GOAL_JOBS_PER_SECOND, color="red", linestyle="--", label=f"goal {GOAL_JOBS_PER_SECOND:g} jobs/s"
+    )
+    bars.set(ylabel="jobs/s (no-op: messages/s)", yscale="log")
+    bars.set_title("Pipeline jobs/s vs the no-op Dramatiq ceiling")
+    bars.legend()
+    fig.suptitle(f"fatura bench pipeline: {os.cpu_count()} CPUs, zero-latency provider, no limits")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,30 @@
+-- Reads of the inference benchmarks (bench/pipeline.py, quota.py, fairness.py): progress and
+-- timings of one tenant's jobs, from the database's own timestamps.
+
+-- name: tenant_states
+SELECT state, count(*) AS n FROM extraction_jobs WHERE tenant_id = %(tenant_id)s GROUP BY state
+
+-- name: tenant_span
+-- From the first acceptance to the last terminal state of one tenant's jobs, in seconds.
+SELECT count(*) AS jobs,
+       count(*) FILTER (WHERE finished_at IS NOT NULL) AS finished,
+       extract(epoch FROM max(finished_at) - min(created_at))::float8 AS seconds,
+       extract(epoch FROM min(created_at))::float8 AS first_accepted
+FROM extraction_jobs WHERE tenant_id = %(tenant_id)s
+
+-- name: tenant_finish_times
+-- Each finished job's acceptance and finish time (epoch seconds), oldest first.
+SELECT extract(epoch FROM created_at)::float8 AS accepted,
+       extract(epoch FROM finished_at)::float8 AS finished
+FROM extraction_jobs WHERE tenant_id = %(tenant_id)s AND finished_at IS NOT NULL
+ORDER BY finished_at
+
+-- name: job_timing
+SELECT state, attempt, extract(epoch FROM finished_at - created_at)::float8 AS seconds
+FROM extraction_jobs WHERE id = %(job_id)s
+
+-- name: attempts_by_outcome
+SELECT outcome, count(*) AS n FROM job_attempts GROUP BY outcome
+
+-- name: jobs_by_state
+SELECT state, count(*) AS n FROM extraction_jobs GROUP BY state

@@ -1,0 +1,339 @@
+"""The inference pipeline as real processes for the benchmarks (``fatura bench pipeline|quota|fairness``).
+
+Everything is private to one run: a database of its own whose name contains ``bench`` (dropped and
+recreated), a queue prefix, limiter port and Redis key prefix, provider port and metrics ports, so
+a developer's ``fatura up`` and the test suite are never touched. Processes are ``fatura run NAME``
+children in their own process groups, stopped by pid when the run ends; their queues and Redis keys
+are deleted then. Jobs are written with the acceptance edge's own ``accept_job`` statement, which
+is faster than HTTP and writes exactly what the edge writes (job, inline document, job event, outbox
+event); ``submit_http`` goes through the edge when the HTTP path itself matters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import redis
+from psycopg.rows import dict_row
+
+from bench.accept import bench_database, free_port
+from services.acceptance.accept import plan_job, write_params
+from services.acceptance.queries import Q as ACCEPT_Q
+from services.acceptance.requests import CreateJob, DocumentBody
+from services.acceptance.settings import AcceptanceSettings
+from services.acceptance.tenants import TenantSpec, create_tenant, import_suppliers, parse_suppliers
+from services.common import events
+from services.common.db import SyncPool, sync_pool
+from services.common.ids import new_id
+from services.common.queries import load_queries
+from services.common.settings import CommonSettings
+from services.inference.worker import queues as inference_queues
+from services.sandbox.samples import SUPPLIERS_CSV, load_samples
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT_DIR = Path("out")
+Q = load_queries(Path(__file__).with_name("sql") / "bench.sql")
+TERMINAL = frozenset({"SUCCEEDED", "REVIEW_REQUIRED", "FAILED_TERMINAL", "CANCELLED"})
+ACCEPT = AcceptanceSettings()
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    ready_url: str
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.alive():
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+
+
+def limiter_toml(*, rpm: int, tpm: int, max_in_flight: int, tenant_max_in_flight: int) -> str:
+    """One pool, ``sandbox``: the pool the worker's provider asks permits of by default."""
+    return (
+        f"[pools.sandbox]\nrpm = {rpm}\ntpm = {tpm}\nmax_in_flight = {max_in_flight}\n\n"
+        f"[tenant_defaults]\nmax_in_flight = {tenant_max_in_flight}\n"
+    )
+
+
+class Stack:
+    """One benchmark's processes, database, queues and limiter keys; a context manager."""
+
+    def __init__(self, label: str, database: str) -> None:
+        self.label = label
+        self.database_url = bench_database(database)
+        self.prefix = f"bench-{label}-{uuid.uuid4().hex[:8]}"
+        self.key_prefix = f"fatura:bench:{self.prefix}"
+        self.log_dir = OUT_DIR / f"bench-{label}-logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.common = CommonSettings.from_env({**os.environ, "FATURA_DATABASE_URL": self.database_url})
+        self.limiter_port, self.provider_port = free_port(), free_port()
+        self.provider_url = f"http://127.0.0.1:{self.provider_port}"
+        self.edge_url: str | None = None
+        self.env = {
+            "FATURA_DATABASE_URL": self.database_url,
+            "FATURA_QUEUE_PREFIX": self.prefix,
+            "FATURA_LIMITER_ADDRESS": f"127.0.0.1:{self.limiter_port}",
+            "FATURA_PROVIDER_BASE_URL": f"{self.provider_url}/v1",
+            "FATURA_PROVIDER_BREAKER_PREFIX": f"{self.key_prefix}:breaker",
+            "FATURA_LOG_LEVEL": "WARNING",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.procs: list[Proc] = []
+        self.pool: SyncPool = sync_pool(self.common, name=f"bench-{label}", max_size=8)
+        self.pool.open()
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ processes
+
+    def spawn(self, name: str, ready_url: str, **env: str) -> Proc:
+        """Start ``fatura run NAME`` with ``env`` over the stack's own, and wait until it is ready."""
+        log_path = self.log_dir / f"{name}-{len(self.procs)}.log"
+        command = [sys.executable, "-m", "services.cli.main", "run", name]
+        with log_path.open("wb") as log:
+            popen = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env={**os.environ, **self.env, **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: its children stop with it
+            )
+        proc = Proc(name, popen, log_path, ready_url)
+        self.procs.append(proc)
+        deadline = time.monotonic() + 60
+        while not _ready(ready_url):
+            if not proc.alive() or time.monotonic() > deadline:
+                raise SystemExit(f"`fatura run {name}` did not become ready; see {log_path}")
+            time.sleep(0.2)
+        return proc
+
+    def stop(self, proc: Proc) -> None:
+        proc.stop()
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    def start_limiter(self, config: str) -> Proc:
+        path = self.log_dir / "limiter.toml"
+        path.write_text(config, encoding="utf-8")
+        metrics = free_port()
+        return self.spawn(
+            "limiter",
+            f"http://127.0.0.1:{metrics}/readyz",
+            FATURA_LIMITER_PORT=str(self.limiter_port),
+            FATURA_LIMITER_METRICS_PORT=str(metrics),
+            FATURA_LIMITER_CONFIG=str(path.resolve()),
+            FATURA_LIMITER_KEY_PREFIX=self.key_prefix,
+        )
+
+    def start_provider(
+        self,
+        *,
+        rpm: int = 0,
+        tpm: int = 0,
+        concurrency: int = 0,
+        latency_ms: float = 0.0,
+        distribution: str = "fixed",
+    ) -> Proc:
+        return self.spawn(
+            "provider",
+            f"{self.provider_url}/readyz",
+            FATURA_SANDBOX_PROVIDER_PORT=str(self.provider_port),
+            FATURA_SANDBOX_PROVIDER_RPM=str(rpm),
+            FATURA_SANDBOX_PROVIDER_TPM=str(tpm),
+            FATURA_SANDBOX_PROVIDER_CONCURRENCY=str(concurrency),
+            FATURA_SANDBOX_PROVIDER_LATENCY_MS=str(latency_ms),
+            FATURA_SANDBOX_PROVIDER_LATENCY_DISTRIBUTION=distribution,
+            FATURA_SANDBOX_PROVIDER_API_KEY="",
+        )
+
+    def start_relay(self) -> Proc:
+        metrics = free_port()
+        return self.spawn(
+            "relay", f"http://127.0.0.1:{metrics}/readyz", FATURA_RELAY_METRICS_PORT=str(metrics)
+        )
+
+    def start_scheduler(self, **env: str) -> Proc:
+        metrics = free_port()
+        return self.spawn(
+            "inference-scheduler",
+            f"http://127.0.0.1:{metrics}/readyz",
+            FATURA_SCHEDULER_METRICS_PORT=str(metrics),
+            **env,
+        )
+
+    def start_worker(self, **env: str) -> Proc:
+        metrics = free_port()
+        return self.spawn(
+            "inference-worker",
+            f"http://127.0.0.1:{metrics}/readyz",
+            FATURA_INFERENCE_METRICS_PORT=str(metrics),
+            FATURA_WORKER_ID=f"bench-{metrics}",
+            **env,
+        )
+
+    def start_edge(self) -> Proc:
+        port, metrics = free_port(), free_port()
+        self.edge_url = f"http://127.0.0.1:{port}"
+        return self.spawn(
+            "http",
+            f"{self.edge_url}/readyz",
+            FATURA_HTTP_PORT=str(port),
+            FATURA_HTTP_METRICS_PORT=str(metrics),
+            FATURA_HTTP_WORKERS="1",
+            FATURA_MAX_SYSTEM_BACKLOG=str(10**9),
+        )
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+        self.procs.clear()
+        self.pool.close()
+        self._delete_queues()
+        self._delete_keys()
+
+    def _delete_queues(self) -> None:
+        import pika
+
+        names = {events.queue_name(self.prefix, r) for routes in events.ROUTES.values() for r in routes}
+        names |= set(inference_queues(self.prefix)) | {noop_queue(self.prefix)}
+        connection = pika.BlockingConnection(pika.URLParameters(self.common.amqp_url))
+        try:
+            channel = connection.channel()
+            for name in names:
+                for suffix in ("", ".DQ", ".XQ"):
+                    channel.queue_delete(name + suffix)
+        finally:
+            connection.close()
+
+    def _delete_keys(self) -> None:
+        client = redis.Redis.from_url(self.common.redis_url)
+        try:
+            for key in client.scan_iter(f"{self.key_prefix}*", count=1000):
+                client.delete(key)
+        finally:
+            client.close()
+
+    # ------------------------------------------------------------ tenants and jobs
+
+    def make_tenant(self, name: str, *, max_in_flight: int, weight: int = 1) -> tuple[uuid.UUID, str]:
+        """A tenant no admission limit stops, with the sample suppliers as its master data."""
+        spec = TenantSpec(
+            name=f"{name}-{uuid.uuid4().hex[:6]}",
+            weight=weight,
+            max_in_flight=max_in_flight,
+            max_pending_jobs=10**9,
+            max_pending_bytes=10**15,
+            max_pending_tokens=10**15,
+            daily_token_budget=10**15,
+        )
+        tenant_id, key = create_tenant(self.pool, spec)
+        import_suppliers(self.pool, tenant_id, parse_suppliers(SUPPLIERS_CSV))
+        return tenant_id, key
+
+    def accept_jobs(
+        self, tenant_id: uuid.UUID, count: int, *, priority: str = "batch", connections: int = 4
+    ) -> list[uuid.UUID]:
+        """Accept ``count`` jobs with sample invoices that validate (they end SUCCEEDED)."""
+        texts = [s.text for s in load_samples() if s.expect == "SUCCEEDED"]
+        chunks = [range(i, count, connections) for i in range(connections)]
+
+        def write(indices: range) -> list[uuid.UUID]:
+            made = []
+            with psycopg.connect(self.database_url, row_factory=dict_row, autocommit=True) as conn:
+                for i in indices:
+                    made.append(accept_one(conn, tenant_id, texts[i % len(texts)], priority))
+            return made
+
+        with ThreadPoolExecutor(connections) as threads:
+            return [job for chunk in threads.map(write, chunks) for job in chunk]
+
+    def submit_http(self, api_key: str, *, priority: str = "interactive") -> uuid.UUID:
+        """One job through ``POST /v1/extraction-jobs`` of the edge (``start_edge`` first)."""
+        assert self.edge_url is not None
+        sample = next(s for s in load_samples() if s.expect == "SUCCEEDED")
+        response = httpx.post(
+            f"{self.edge_url}/v1/extraction-jobs",
+            json={"document": {"text": sample.text, "filename": sample.filename}, "priority": priority},
+            headers={"Authorization": f"Bearer {api_key}", "Idempotency-Key": f"bench-{uuid.uuid4()}"},
+            timeout=30.0,
+        )
+        if response.status_code != 202:
+            raise SystemExit(f"the edge answered {response.status_code}: {response.text}")
+        return uuid.UUID(response.json()["job_id"])
+
+    def query(self, name: str, **params: Any) -> list[dict[str, Any]]:
+        with self.pool.connection() as conn:
+            return conn.execute(Q[name], params).fetchall()
+
+    def tenant_states(self, tenant_id: uuid.UUID) -> Counter[str]:
+        return Counter({row["state"]: row["n"] for row in self.query("tenant_states", tenant_id=tenant_id)})
+
+    def provider_stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = httpx.get(f"{self.provider_url}/admin/stats", timeout=5.0).json()
+        return stats
+
+    def reset_provider_stats(self) -> None:
+        httpx.delete(f"{self.provider_url}/admin/stats", timeout=5.0).raise_for_status()
+
+
+def accept_one(conn: psycopg.Connection[Any], tenant_id: uuid.UUID, text: str, priority: str) -> uuid.UUID:
+    """One job exactly as the edge accepts it far from any limit: the single ``accept_job`` statement."""
+    key = f"bench-{uuid.uuid4()}"
+    data = text.encode()
+    digest = hashlib.sha256(data).hexdigest()
+    request = CreateJob(
+        document=DocumentBody(text, "invoice.txt", len(data), digest),
+        schema="invoice.v1",
+        priority=priority,
+        deadline_seconds=ACCEPT.default_deadline_seconds,
+        options={},
+    )
+    plan = plan_job(ACCEPT, tenant_id, key, request, len(data), digest)
+    job_id = new_id()
+    row = conn.execute(ACCEPT_Q["accept_job"], write_params(ACCEPT, tenant_id, key, request, plan, job_id))
+    if row.fetchone() is None:
+        raise SystemExit("the accept statement wrote nothing")
+    return job_id
+
+
+def noop_queue(prefix: str) -> str:
+    return f"{prefix}.bench.noop"
+
+
+def load_average() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
