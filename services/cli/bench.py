@@ -17,7 +17,7 @@ BENCHMARKS = {
     "limiter": ("bench.limiter", "Acquire+Release pairs through the limiter vs the raw Lua scripts"),
     "delivery": ("bench.delivery", "signed webhook deliveries/s to the local ERP vs raw httpx POSTs"),
     "gateway": ("bench.gateway", "provider gateway overhead per call vs a bare httpx call to the simulator"),
-    "pipeline": ("bench.pipeline", "jobs/s accepted -> SUCCEEDED with a zero-latency provider vs a no-op actor"),
+    "pipeline": ("bench.pipeline", "jobs/s accepted -> SUCCEEDED, zero-latency provider, vs a no-op actor"),
     "quota": ("bench.quota", "attempts/s against a rate-limited provider vs seed 000's capacity formula"),
     "fairness": ("bench.fairness", "one tenant's job latency behind another's 5,000-job backlog vs idle"),
 }
