@@ -109,27 +109,26 @@ class Claim:
     attempt: int  # the delivery's attempt number (for the log)
     round_attempt: int  # attempts since the last resend (for the retry schedule)
     started_at: datetime
+    endpoint_dirty: bool  # the endpoint has failure counters, an open breaker or no verification
 
 
 def claim(pool: ConnectionPool[Any], delivery_id: uuid.UUID, settings: DeliverySettings) -> Claim | None:
     """Take a due delivery under a new fence, or decide why not (wait, fail, skip)."""
     with pool.connection() as conn, conn.transaction():
-        d = conn.execute(Q["lock_delivery"], {"delivery_id": delivery_id}).fetchone()
-        if d is None:
+        row = conn.execute(Q["claim_context"], {"delivery_id": delivery_id}).fetchone()
+        if row is None:
             return None
-        e = conn.execute(Q["lock_endpoint"], {"endpoint_id": d["endpoint_id"]}).fetchone()
-        assert e is not None  # a foreign key holds it
         open_for = None
-        if e["breaker_open"]:
-            open_for = max((e["breaker_open_until"] - datetime.now(UTC)).total_seconds(), 0.05)
+        if row["breaker_open"]:
+            open_for = max((row["breaker_open_until"] - datetime.now(UTC)).total_seconds(), 0.05)
         decision = outcomes.gate(
-            delivery_state=d["state"],
-            due=bool(d["due"]),
-            endpoint_state=e["state"],
+            delivery_state=row["state"],
+            due=bool(row["due"]),
+            endpoint_state=row["endpoint_state"],
             breaker_open_for=open_for,
-            in_flight=int(e["in_flight"]),
-            max_concurrency=int(e["max_concurrency"]),
-            has_secret=bool(e["secrets"]),
+            in_flight=int(row["in_flight"]),
+            max_concurrency=int(row["max_concurrency"]),
+            has_secret=bool(row["secrets"]),
             concurrency_wait=random.uniform(0.2, 0.6),
         )
         if decision.action == "skip":
@@ -149,20 +148,23 @@ def claim(pool: ConnectionPool[Any], delivery_id: uuid.UUID, settings: DeliveryS
             conn.execute(Q["fail_unsendable"], {"delivery_id": delivery_id, "reason": decision.reason})
             metrics.OUTCOMES.labels("failed").inc()
             return None
+        # Conditional: a resend or the scheduler may have changed the row since it was read.
         c = conn.execute(
             Q["claim"], {"delivery_id": delivery_id, "lease_seconds": settings.lease_seconds}
         ).fetchone()
-        assert c is not None
+        if c is None:
+            return None
         return Claim(
             delivery_id=delivery_id,
-            endpoint_id=e["id"],
-            url=e["url"],
-            body=bytes(d["body"]),
-            secrets=tuple(e["secrets"]),
+            endpoint_id=row["endpoint_id"],
+            url=row["url"],
+            body=bytes(row["body"]),
+            secrets=tuple(row["secrets"]),
             fence=int(c["fence"]),
             attempt=int(c["attempts"]),
             round_attempt=int(c["attempts"]) - int(c["attempts_base"]),
             started_at=c["started_at"],
+            endpoint_dirty=bool(row["endpoint_dirty"]),
         )
 
 
@@ -173,13 +175,18 @@ def record(
     decision: Decision,
     settings: DeliverySettings,
 ) -> bool:
-    """Record the attempt and its outcome under the claim's fence; False when the claim was lost."""
+    """Record the attempt and its outcome under the claim's fence; False when the claim was lost.
+
+    The endpoint's health is updated first (lock order: endpoint, then delivery), also for a stale
+    attempt: what the receiver answered is a true observation of the endpoint either way.
+    """
     body = result.response_body
     if body is not None:
         body = body.encode("utf-8")[:MAX_STORED_RESPONSE].decode("utf-8", errors="ignore")
     with pool.connection() as conn, conn.transaction():
-        updated = conn.execute(
-            Q["record_outcome"],
+        _endpoint_health(conn, claim, decision, settings)
+        row = conn.execute(
+            Q["record_attempt"],
             {
                 "delivery_id": claim.delivery_id,
                 "fence": claim.fence,
@@ -187,18 +194,8 @@ def record(
                 "reason": decision.reason,
                 "http_status": result.status,
                 "delay_seconds": decision.delay_seconds or 0.0,
-            },
-        ).fetchone()
-        stale = updated is None
-        conn.execute(
-            Q["insert_attempt"],
-            {
-                "delivery_id": claim.delivery_id,
                 "attempt": claim.attempt,
-                "fence": claim.fence,
                 "started_at": claim.started_at,
-                "outcome": "stale" if stale else decision.state,
-                "http_status": result.status,
                 "error_class": result.error_class,
                 "response_body": body,
                 "retry_after_ms": None
@@ -206,21 +203,20 @@ def record(
                 else int(result.retry_after_seconds * 1000),
                 "latency_ms": result.latency_ms,
             },
+        ).fetchone()
+    if row is None or row["outcome"] == "stale":
+        metrics.STALE.inc()
+        log.warning(
+            "delivery %s: fence %d lost its claim; outcome not recorded", claim.delivery_id, claim.fence
         )
-        if stale:
-            metrics.STALE.inc()
-            log.warning(
-                "delivery %s: fence %d lost its claim; outcome not recorded", claim.delivery_id, claim.fence
-            )
-            return False
-        _endpoint_health(conn, claim, decision, settings)
+        return False
     metrics.OUTCOMES.labels(decision.state).inc()
     return True
 
 
 def _endpoint_health(conn: Any, claim: Claim, decision: Decision, settings: DeliverySettings) -> None:
     endpoint = {"endpoint_id": claim.endpoint_id}
-    if decision.healthy:
+    if decision.healthy and claim.endpoint_dirty:
         conn.execute(Q["endpoint_healthy"], endpoint)
     if decision.breaker_failure:
         row = conn.execute(

@@ -1,5 +1,5 @@
 -- Queries of the delivery worker and scheduler. Parameters always go through placeholders.
--- Lock order, everywhere: a delivery row before its endpoint row.
+-- Lock order, everywhere: an endpoint row before its delivery rows.
 
 -- name: inbox_insert
 INSERT INTO delivery_inbox (event_id, job_id, payload_digest)
@@ -37,30 +37,29 @@ VALUES (%(delivery_id)s, %(event_id)s, %(event_type)s, %(endpoint_id)s, %(tenant
 ON CONFLICT (delivery_id) DO NOTHING
 RETURNING delivery_id, state
 
--- name: lock_delivery
-SELECT delivery_id, endpoint_id, event_type, state, body, attempts, attempts_base, fence,
-       next_attempt_at <= now() AS due
-FROM deliveries
-WHERE delivery_id = %(delivery_id)s
-FOR UPDATE
-
--- name: lock_endpoint
-SELECT e.id, e.url, e.state, e.max_concurrency, e.breaker_open_until,
+-- name: claim_context
+-- The delivery and its endpoint, locking only the endpoint row: claims of one endpoint take turns,
+-- so the in-flight count below is exact and the concurrency cap holds.
+SELECT d.state, d.body, d.next_attempt_at <= now() AS due,
+       e.id AS endpoint_id, e.url, e.state AS endpoint_state, e.max_concurrency, e.breaker_open_until,
        coalesce(e.breaker_open_until > now(), false) AS breaker_open,
-       (SELECT count(*) FROM deliveries d
-        WHERE d.endpoint_id = e.id AND d.state = 'delivering' AND d.lease_until > now()) AS in_flight,
+       (e.consecutive_failures <> 0 OR e.consecutive_auth_failures <> 0 OR e.verified_at IS NULL
+        OR e.breaker_open_until IS NOT NULL) AS endpoint_dirty,
+       (SELECT count(*) FROM deliveries f
+        WHERE f.endpoint_id = e.id AND f.state = 'delivering' AND f.lease_until > now()) AS in_flight,
        ARRAY(SELECT s.secret FROM webhook_secrets s
              WHERE s.endpoint_id = e.id AND (s.not_after IS NULL OR s.not_after > now())
              ORDER BY s.created_at DESC) AS secrets
-FROM webhook_endpoints e
-WHERE e.id = %(endpoint_id)s
-FOR UPDATE
+FROM deliveries d
+JOIN webhook_endpoints e ON e.id = d.endpoint_id
+WHERE d.delivery_id = %(delivery_id)s
+FOR UPDATE OF e
 
 -- name: claim
 UPDATE deliveries
 SET state = 'delivering', fence = fence + 1, attempts = attempts + 1,
     lease_until = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
-WHERE delivery_id = %(delivery_id)s
+WHERE delivery_id = %(delivery_id)s AND state = 'pending' AND next_attempt_at <= now()
 RETURNING fence, attempts, attempts_base, now() AS started_at
 
 -- name: postpone
@@ -73,23 +72,27 @@ WHERE delivery_id = %(delivery_id)s
 -- name: fail_unsendable
 UPDATE deliveries
 SET state = 'failed', reason = %(reason)s, updated_at = now(), woken_at = NULL
-WHERE delivery_id = %(delivery_id)s
+WHERE delivery_id = %(delivery_id)s AND state = 'pending'
 
--- name: record_outcome
--- Only under the fence that claimed it: a sender whose lease ran out changes nothing.
-UPDATE deliveries
-SET state = %(state)s, reason = %(reason)s, last_status = %(http_status)s,
-    next_attempt_at = now() + make_interval(secs => %(delay_seconds)s),
-    lease_until = NULL, woken_at = NULL, updated_at = now(),
-    delivered_at = CASE WHEN %(state)s = 'delivered' THEN now() ELSE delivered_at END
-WHERE delivery_id = %(delivery_id)s AND fence = %(fence)s AND state = 'delivering'
-RETURNING delivery_id
-
--- name: insert_attempt
+-- name: record_attempt
+-- The outcome is written only under the fence that claimed it (a sender whose lease ran out
+-- changes nothing); the attempt is logged either way, as `stale` when the claim was lost.
+WITH outcome AS (
+    UPDATE deliveries
+    SET state = %(state)s::text, reason = %(reason)s, last_status = %(http_status)s::integer,
+        next_attempt_at = now() + make_interval(secs => %(delay_seconds)s),
+        lease_until = NULL, woken_at = NULL, updated_at = now(),
+        delivered_at = CASE WHEN %(state)s::text = 'delivered' THEN now() ELSE delivered_at END
+    WHERE delivery_id = %(delivery_id)s AND fence = %(fence)s AND state = 'delivering'
+    RETURNING delivery_id
+)
 INSERT INTO delivery_attempts (delivery_id, attempt, fence, started_at, outcome, http_status,
                                error_class, response_body, retry_after_ms, latency_ms)
-VALUES (%(delivery_id)s, %(attempt)s, %(fence)s, %(started_at)s, %(outcome)s, %(http_status)s,
-        %(error_class)s, %(response_body)s, %(retry_after_ms)s, %(latency_ms)s)
+SELECT %(delivery_id)s::uuid, %(attempt)s::integer, %(fence)s::bigint, %(started_at)s::timestamptz,
+       CASE WHEN EXISTS (SELECT 1 FROM outcome) THEN %(state)s::text ELSE 'stale' END,
+       %(http_status)s::integer, %(error_class)s::text, %(response_body)s::text,
+       %(retry_after_ms)s::bigint, %(latency_ms)s::integer
+RETURNING outcome
 
 -- name: endpoint_healthy
 -- Written only when something changes, so a healthy endpoint's row is not rewritten per delivery.
