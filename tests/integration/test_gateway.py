@@ -156,7 +156,12 @@ def gateway_for(tmp_path: Path, *urls: str, key_env: str | None = None, **env: s
         }
     )
     catalog = load_catalog(settings, env)
-    breakers = RedisBreakers(connect(settings.redis_url), settings.breaker_prefix, settings.breaker)
+    breakers = RedisBreakers(
+        connect(settings.redis_url),
+        settings.breaker_prefix,
+        settings.breaker,
+        healthy_cache_ms=settings.breaker_healthy_cache_ms,
+    )
     return Gateway(catalog, settings, breakers)
 
 

@@ -132,3 +132,24 @@ def test_an_unreachable_store_lets_every_channel_be_tried() -> None:
     # Then the breaker fails open: the limiter, not the breaker, guards the provider
     assert dead.admit("any").verdict is Verdict.CLOSED
     assert dead.report("any", Report.FAILURE, trial=False) is Verdict.CLOSED
+
+
+def test_a_process_remembers_only_a_spotless_channel_and_forgets_it_on_its_own_failure() -> None:
+    client = redis.Redis.from_url(TEST_REDIS)
+    prefix = f"test:breaker:{uuid.uuid4().hex[:8]}"
+    try:
+        # Given two worker processes' breakers over one Redis, both caching healthy channels
+        a = RedisBreakers(client, prefix, POLICY, healthy_cache_ms=60_000)
+        b = RedisBreakers(client, prefix, POLICY, healthy_cache_ms=60_000)
+        # When A fails once it asks Redis again, and a channel with a recent failure is not cached
+        assert a.admit("ch").verdict is Verdict.CLOSED
+        a.report("ch", Report.FAILURE, trial=False)
+        assert a.admit("ch").verdict is Verdict.CLOSED
+        # Then the failures B sees open the channel for A at once
+        b.report("ch", Report.FAILURE, trial=False)
+        b.report("ch", Report.FAILURE, trial=False)
+        assert a.admit("ch").verdict is Verdict.OPEN
+    finally:
+        for key in client.scan_iter(f"{prefix}:*"):
+            client.delete(key)
+        client.close()

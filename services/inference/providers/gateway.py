@@ -74,7 +74,12 @@ class Gateway:
     def from_settings(cls, settings: GatewaySettings | None = None) -> Gateway:
         """Build after forking: the client's connections and the Redis pool are per process."""
         settings = settings or GatewaySettings.from_env()
-        breakers = RedisBreakers(connect(settings.redis_url), settings.breaker_prefix, settings.breaker)
+        breakers = RedisBreakers(
+            connect(settings.redis_url),
+            settings.breaker_prefix,
+            settings.breaker,
+            healthy_cache_ms=settings.breaker_healthy_cache_ms,
+        )
         return cls(load_catalog(settings), settings, breakers)
 
     def close(self) -> None:

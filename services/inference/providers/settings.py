@@ -54,6 +54,7 @@ class GatewaySettings:
     default_retry_after_ms: int = 1_000  # a 429 without Retry-After still pauses the pool this long
     breaker: BreakerPolicy = BreakerPolicy()
     breaker_prefix: str = "fatura:breaker"
+    breaker_healthy_cache_ms: int = 1_000  # how long a process trusts "no recent failure"
     redis_url: str = "redis://127.0.0.1:6379/0"
 
     @classmethod
@@ -112,5 +113,8 @@ class GatewaySettings:
                 trial_ms=int(1000 * deadline_s),
             ),
             breaker_prefix=prefix,
+            breaker_healthy_cache_ms=env_int(
+                env, "FATURA_PROVIDER_BREAKER_HEALTHY_CACHE_MS", cls.breaker_healthy_cache_ms, lo=0, hi=60_000
+            ),
             redis_url=env_str(env, "FATURA_REDIS_URL", cls.redis_url),
         )
