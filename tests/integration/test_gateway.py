@@ -284,6 +284,20 @@ def test_a_hang_before_headers_hits_the_header_timeout_and_fails_over(
     assert permits.released[0] == ("p1", "UNKNOWN", 0, 0)
 
 
+def test_a_channel_silent_for_whole_attempts_opens_its_breaker_though_the_deadline_ended_them(
+    tmp_path: Path, ch1: Sim, ch2: Sim
+) -> None:
+    # Given channel 1 hangs before headers, and attempts shorter than the header timeout
+    ch1.fault("hang_before_headers", count=None, delay_s=30)
+    gateway = gateway_for(tmp_path, ch1.url, ch2.url, FATURA_PROVIDER_HEADER_TIMEOUT_SECONDS="10")
+    # When three attempts each spend their whole deadline waiting for its headers
+    for _ in range(3):
+        result = call(gateway, deadline_s=0.4)
+        assert (result.error_class, outcomes(result)) == (ErrorClass.DEADLINE, [("ch1", "deadline_exceeded")])
+    # Then the next attempt skips it and channel 2 answers
+    assert outcomes(call(gateway)) == [("ch1", "skipped"), ("ch2", "ok")]
+
+
 def test_a_200_stream_that_opens_with_an_error_frame_fails_over(tmp_path: Path, ch1: Sim, ch2: Sim) -> None:
     ch1.fault("error_frame", count=1)
     result = call(gateway_for(tmp_path, ch1.url, ch2.url))

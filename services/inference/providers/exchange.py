@@ -42,6 +42,9 @@ class HopOutcome:
     input_tokens: int | None = None
     output_tokens: int | None = None
     message: str | None = None
+    # No response headers came back before the header timeout or the deadline: the channel was
+    # silent for the whole wait, which counts against its breaker even when the deadline ended it.
+    silent: bool = False
 
 
 def request_body(channel: Channel, request: ProviderRequest) -> dict[str, object]:
@@ -83,15 +86,21 @@ def exchange(
         response = client.send(http_request, stream=True)
     except httpx.HTTPError as exc:
         error_class, sent = exception_error_class(exc, headers_received=False)
-        if error_class is ErrorClass.HEADER_TIMEOUT and header_wait < settings.header_timeout_s:
+        silent = error_class is ErrorClass.HEADER_TIMEOUT
+        if silent and header_wait < settings.header_timeout_s:
             error_class = ErrorClass.DEADLINE  # the attempt's budget ran out first
-        return HopOutcome(error_class, sent=sent, message=f"{type(exc).__name__}: {exc}"[:300])
+        message = f"{type(exc).__name__}: {exc}"[:300]
+        return HopOutcome(error_class, sent=sent, message=message, silent=silent)
     alarm = watchdog.arm(deadline, response)
     try:
         return _read(response, deadline, settings)
-    except httpx.HTTPError as exc:
+    except Exception as exc:
         if alarm.fired or time.monotonic() >= deadline:
+            # The watchdog shut the socket; whatever the read raised (a TLS read may raise more
+            # than httpx maps), the cause is the deadline.
             return HopOutcome(ErrorClass.DEADLINE, sent=True, http_status=response.status_code)
+        if not isinstance(exc, httpx.HTTPError):
+            raise
         error_class, _ = exception_error_class(exc, headers_received=True)
         message = f"{type(exc).__name__}: {exc}"[:300]
         return HopOutcome(error_class, sent=True, http_status=response.status_code, message=message)

@@ -142,7 +142,7 @@ class Gateway:
         error = outcome.error_class
         if error is ErrorClass.RATE_LIMITED:
             permits.throttle(channel.pool, outcome.retry_after_ms or self.settings.default_retry_after_ms)
-        if error in FAILOVER:
+        if error in FAILOVER or outcome.silent:
             if self.breakers.report(channel.name, Report.FAILURE, trial=trial) is Verdict.OPEN:
                 log.warning("channel %s is open after %s", channel.name, error)
         else:
