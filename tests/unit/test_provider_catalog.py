@@ -147,3 +147,8 @@ def test_a_worker_builds_its_gateway_from_the_environment_alone() -> None:
         assert [c.name for c in gateway.catalog.channels] == ["sandbox"]
     finally:
         gateway.close()
+
+
+def test_breakers_live_in_the_deployments_namespace() -> None:
+    assert GatewaySettings.from_env({}).breaker_prefix == "fatura:breaker"
+    assert GatewaySettings.from_env({"FATURA_QUEUE_PREFIX": "run42"}).breaker_prefix == "run42:breaker"

@@ -75,7 +75,10 @@ class GatewaySettings:
                 model=model or SIMULATED_MODEL,
                 pool=env_str(env, "FATURA_PROVIDER_POOL", "sandbox"),
             )
-        prefix = env_str(env, "FATURA_PROVIDER_BREAKER_PREFIX", cls.breaker_prefix)
+        # A deployment's namespace (each test run has its own queue prefix), so a run's open breakers
+        # never close channels for another run or a demo sharing the Redis.
+        namespace = env_str(env, "FATURA_QUEUE_PREFIX", "fatura")
+        prefix = env_str(env, "FATURA_PROVIDER_BREAKER_PREFIX", f"{namespace}:breaker")
         if any(ch in prefix for ch in "{} "):
             raise SettingsError(
                 f"FATURA_PROVIDER_BREAKER_PREFIX={prefix!r} may not hold '{{', '}}' or spaces"
