@@ -132,6 +132,12 @@ def _progress(label: str, done: Any, total: int, stop: threading.Event) -> None:
     print(f"\r  {label}: {done()}/{total}", file=sys.stderr, flush=True)
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _delivered(database_url: str) -> int:
     with psycopg.connect(database_url) as conn:
         row = conn.execute("SELECT count(*) FROM deliveries WHERE state = 'delivered'").fetchone()
@@ -266,6 +272,7 @@ def run(args: argparse.Namespace) -> int:
             },
             logs / "worker.log",
         )
+        erp_cpu_before = _cpu_s(erp.pid)
         stop = threading.Event()
         threading.Thread(
             target=_progress, args=("deliveries", lambda: _delivered(database_url), n, stop)
@@ -276,6 +283,8 @@ def run(args: argparse.Namespace) -> int:
                 raise SystemExit(f"the delivery worker exited; see {logs / 'worker.log'}")
             time.sleep(0.2)
         stop.set()
+        worker_cpu = _cpu_s(worker.pid)
+        erp_cpu_delivery = _cpu_s(erp.pid) - erp_cpu_before
         with psycopg.connect(database_url) as conn:
             row = conn.execute(
                 """SELECT count(*) AS n, extract(epoch FROM max(delivered_at) - min(delivered_at)) AS span,
@@ -286,9 +295,11 @@ def run(args: argparse.Namespace) -> int:
         assert row is not None
         delivered, span, attempts = int(row[0]), float(row[1] or 0), int(row[2])
         delivery_rate = (delivered - 1) / span if span > 0 else float("nan")
+        erp_cpu_before = _cpu_s(erp.pid)
         raw_rate, raw_ms, raw_errors = _raw_phase(
             f"{erp_url}/webhooks", secret, [b for _, b in events], args.threads
         )
+        erp_cpu_raw = _cpu_s(erp.pid) - erp_cpu_before
         ledger = httpx.get(f"{erp_url}/admin/stats").json()["counts"]
     finally:
         if worker is not None:
@@ -308,6 +319,11 @@ def run(args: argparse.Namespace) -> int:
         "raw_p99_ms": _pct(raw_ms, 0.99),
         "raw_errors": raw_errors,
         "ratio": delivery_rate / raw_rate,
+        # CPU per delivery; the worker's includes its start-up (imports, connections).
+        "worker_cpu_ms_per_delivery": worker_cpu * 1000 / n,
+        "erp_cpu_ms_per_delivery": erp_cpu_delivery * 1000 / n,
+        "erp_cpu_ms_per_raw_post": erp_cpu_raw * 1000 / n,
+        "load_average_1m": os.getloadavg()[0],
         "erp_counts": ledger,
     }
     print(
@@ -316,6 +332,10 @@ def run(args: argparse.Namespace) -> int:
         f"(POST p50 {figures['delivery_post_p50_ms']:.1f} ms, p99 {figures['delivery_post_p99_ms']:.1f} ms)\n"
         f"raw httpx POST:  {raw_rate:,.0f} POSTs/s (p50 {figures['raw_p50_ms']:.1f} ms, "
         f"p99 {figures['raw_p99_ms']:.1f} ms, {raw_errors} non-2xx)\n"
+        f"CPU per delivery: worker {figures['worker_cpu_ms_per_delivery']:.1f} ms (with its start-up), "
+        f"ERP {figures['erp_cpu_ms_per_delivery']:.1f} ms "
+        f"(raw phase: {figures['erp_cpu_ms_per_raw_post']:.1f} ms); "
+        f"load average {figures['load_average_1m']:.1f} on {os.cpu_count()} cores\n"
         f"ratio: {figures['ratio']:.0%} of raw "
         f"(goal ≥ {GOAL_RATIO:.0%}: {'met' if figures['ratio'] >= GOAL_RATIO else 'NOT met'})"
     )
