@@ -43,6 +43,8 @@ FAST_TIMERS = {
     "FATURA_DEADLINE_MARGIN_SECONDS": "0",
     "FATURA_SLOT_WAIT_SECONDS": "2",
     "FATURA_INFERENCE_CONCURRENCY": "4",
+    "FATURA_PROVIDER_BREAKER_COOLDOWN_SECONDS": "1",
+    "FATURA_PROVIDER_HEADER_TIMEOUT_SECONDS": "20",
 }
 
 TERMINAL = {"SUCCEEDED", "REVIEW_REQUIRED", "FAILED_TERMINAL", "CANCELLED"}
@@ -159,6 +161,7 @@ def pipeline_factory(
             "FATURA_QUEUE_PREFIX": prefix,
             "FATURA_LIMITER_ADDRESS": f"127.0.0.1:{limiter_port}",
             "FATURA_PROVIDER_BASE_URL": f"http://127.0.0.1:{provider_port}/v1",
+            "FATURA_PROVIDER_BREAKER_PREFIX": f"fatura:test:{prefix}:breaker",
             **FAST_TIMERS,
             **env,
         }

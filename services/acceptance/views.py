@@ -113,7 +113,7 @@ def status_body(job: JSON) -> JSON:
         body["poll_after_seconds"] = wait
     if state in (states.SUCCEEDED, states.REVIEW_REQUIRED):
         body["result"] = job.get("result")
-        body["policy_version"] = job["policy_version"]
+        body["policy_version"] = job.get("policy_version")
     if state == states.REVIEW_REQUIRED:
         body["review"] = {"reasons": job["review_reasons"] or []}
     if state == states.RETRY_SCHEDULED and job.get("error_class"):

@@ -10,7 +10,6 @@ live in PostgreSQL.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any
 
@@ -23,12 +22,11 @@ from services.common import events, faults
 from services.common.broker import QuorumRabbitmqBroker, install, make_broker
 from services.common.db import sync_pool
 from services.common.messages import BadMessage, parse_event, reject
-from services.common.settings import env_str
 from services.common.worker import run_worker, stop_on_signals
-from services.inference.direct import DirectProvider
 from services.inference.executor import Executor
 from services.inference.inbox import Received, receive
 from services.inference.providers.base import Provider
+from services.inference.providers.gateway import Gateway
 from services.inference.settings import InferenceSettings
 from services.limiter.client import LimiterClient
 
@@ -42,8 +40,7 @@ def queues(prefix: str) -> tuple[str, str]:
 
 
 def make_provider() -> Provider:
-    base_url = env_str(os.environ, "FATURA_PROVIDER_BASE_URL", "http://127.0.0.1:8090/v1")
-    return DirectProvider(base_url, env_str(os.environ, "FATURA_INFERENCE_LIMITER_POOL", "sandbox"))
+    return Gateway.from_settings()
 
 
 def declare_actors(
