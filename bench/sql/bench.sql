@@ -28,3 +28,11 @@ SELECT outcome, count(*) AS n FROM job_attempts GROUP BY outcome
 
 -- name: jobs_by_state
 SELECT state, count(*) AS n FROM extraction_jobs GROUP BY state
+
+-- name: attempt_figures
+-- What the capacity formula needs of a run: the mean token estimate of the tenant's jobs and the
+-- mean latency of its answered provider calls.
+SELECT (SELECT avg(estimated_tokens) FROM extraction_jobs WHERE tenant_id = %(tenant_id)s)::float8
+           AS estimated_tokens,
+       (SELECT avg(a.latency_ms) FROM job_attempts a JOIN extraction_jobs j ON j.id = a.job_id
+         WHERE j.tenant_id = %(tenant_id)s AND a.http_status = 200)::float8 AS mean_latency_ms
