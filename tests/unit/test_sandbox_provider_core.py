@@ -9,6 +9,7 @@ import pytest
 
 from services.common.settings import SettingsError
 from services.inference.prompt import build_messages
+from services.sandbox.provider.chat import Simulator
 from services.sandbox.provider.faults import Fault, FaultBoard, FaultError, parse_fault
 from services.sandbox.provider.limits import Limits
 from services.sandbox.provider.settings import ProviderSettings
@@ -157,3 +158,17 @@ def test_settings_fail_fast_by_name_and_default_to_no_limits() -> None:
         ProviderSettings.from_env({"FATURA_SANDBOX_PROVIDER_LATENCY_DISTRIBUTION": "gaussian"})
     with pytest.raises(SettingsError, match="FATURA_SANDBOX_PROVIDER_RPM"):
         ProviderSettings.from_env({"FATURA_SANDBOX_PROVIDER_RPM": "-1"})
+
+
+@pytest.mark.parametrize("distribution", ["fixed", "exponential", "lognormal"])
+def test_latency_draws_have_the_configured_mean(distribution: Any) -> None:
+    settings = ProviderSettings(latency_ms=200, latency_distribution=distribution)
+    sim = Simulator(settings, Limits(0, 0, 0), rng=random.Random(7))
+    draws = [sim.latency_s() for _ in range(20_000)]
+    assert sum(draws) / len(draws) == pytest.approx(0.2, rel=0.05)
+    assert (len(set(draws)) == 1) == (distribution == "fixed")
+
+
+def test_zero_latency_is_no_wait_whatever_the_distribution() -> None:
+    sim = Simulator(ProviderSettings(latency_ms=0, latency_distribution="lognormal"), Limits(0, 0, 0))
+    assert sim.latency_s() == 0
