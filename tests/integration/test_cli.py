@@ -124,6 +124,9 @@ def test_up_runs_the_stack_in_the_foreground_and_ctrl_c_stops_everything_it_star
         "FATURA_LIMITER_PORT": str(limiter_port),
         "FATURA_LIMITER_METRICS_PORT": str(limiter_metrics),
         "FATURA_REDIS_URL": "redis://127.0.0.1:6379/13",
+        # The delivery processes' ops ports, so a stack already running here does not collide.
+        "FATURA_DELIVERY_WORKER_METRICS_PORT": str(free_port()),
+        "FATURA_DELIVERY_SCHEDULER_METRICS_PORT": str(free_port()),
     }
     up = subprocess.Popen(
         [sys.executable, "-m", "services.cli.main", "up"],
