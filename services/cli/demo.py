@@ -1,9 +1,9 @@
 """``fatura demo``: run the pipeline on the sample invoices and show what happens to each job.
 
 Starts the local stack (or uses one already answering), creates a demo tenant with the sample
-supplier master data, submits every sample invoice over HTTP, shows a submission that repeats an
-earlier one coming back as the same job, then follows each job live until the stack has carried
-it as far as the processes present can: done, or handed to RabbitMQ for extraction.
+supplier master data and a webhook endpoint at the reference ERP, submits every sample invoice
+over HTTP, shows a submission that repeats an earlier one coming back as the same job, then
+follows each job live until it is finished and its final state is in the ERP's ledger, once.
 """
 
 from __future__ import annotations
@@ -19,21 +19,17 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from fatura_sdk import generate_secret
 from services.acceptance.settings import AcceptanceSettings
 from services.acceptance.tenants import TenantSpec, create_tenant, import_suppliers, parse_suppliers
-from services.cli.processes import PROCESSES
-from services.cli.stack import Stack, check_dependencies, ready_url
+from services.cli.stack import Stack, apply_local_defaults, check_dependencies, ready_url
 from services.common.db import sync_pool
 from services.common.migrate import migrate
+from services.delivery.endpoints import register_endpoint
+from services.sandbox.erp.settings import ErpSettings
 from services.sandbox.samples import SUPPLIERS_CSV, Sample, load_samples
 
 OUT_DIR = Path("out")
-
-_PUBLISHED_SQL = """
-SELECT job_id, bool_and(published_at IS NOT NULL) AS published
-FROM outbox_events WHERE job_id = ANY(%(job_ids)s) AND event_type = 'extraction.requested.v1'
-GROUP BY job_id
-"""
 
 
 def register(sub: Any) -> None:
@@ -47,7 +43,8 @@ def register(sub: Any) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    console = Console() if Console().is_terminal else Console(width=110)
+    console = Console() if Console().is_terminal else Console(width=120)
+    apply_local_defaults()
     settings = AcceptanceSettings.from_env()
     problems = check_dependencies(settings.common)
     if problems:
@@ -98,68 +95,102 @@ def _answers(url: str | None) -> bool:
 def _run_pipeline(console: Console, settings: AcceptanceSettings, base_url: str, timeout: float) -> int:
     samples = load_samples()
     run_id = uuid.uuid4().hex[:8]
+    erp = ErpSettings.from_env()
+    erp_url = f"http://{erp.host}:{erp.port}"
     with sync_pool(settings.common, name="demo", max_size=2) as pool:
         tenant_id, api_key = create_tenant(pool, TenantSpec(name=f"demo-{run_id}"))
         imported = import_suppliers(pool, tenant_id, parse_suppliers(SUPPLIERS_CSV))
-        console.print(f"Created demo tenant {tenant_id} with {imported} suppliers of master data.")
+    console.print(f"Created demo tenant {tenant_id} with {imported} suppliers of master data.")
 
-        headers = {"Authorization": f"Bearer {api_key}"}
-        jobs: dict[str, dict[str, Any]] = {}
-        with httpx.Client(base_url=base_url, headers=headers, timeout=10.0) as client:
-            for sample in samples:
-                reply = _submit(client, sample, run_id)
-                if reply.status_code != 202:
-                    console.print(f"[red]{sample.filename}: HTTP {reply.status_code}: {reply.text}[/red]")
-                    return 1
-                jobs[sample.filename] = reply.json()
-            console.print(f"Submitted {len(samples)} sample invoices; each was answered 202 at once.")
-            first = samples[0]
-            again = _submit(client, first, run_id)
-            same = again.json().get("job_id") == jobs[first.filename]["job_id"]
-            console.print(
-                f"Submitted {first.filename} again with the same Idempotency-Key: HTTP {again.status_code}, "
-                f"{'the same job' if same else 'a DIFFERENT job (bug!)'} "
-                f"(Idempotent-Replayed: {again.headers.get('idempotent-replayed')})."
-            )
-            console.print(f"The 202 body says: [italic]{jobs[first.filename]['message']}[/italic]")
-
-            follow_until_done = any(p.name == "inference" for p in PROCESSES)
-            deadline = time.monotonic() + timeout
-            statuses: dict[str, dict[str, Any]] = {}
-            published: dict[str, bool] = {}
-            with Live(console=console, refresh_per_second=4) as live:
-                while True:
-                    for sample in samples:
-                        job_id = jobs[sample.filename]["job_id"]
-                        statuses[sample.filename] = client.get(f"/v1/extraction-jobs/{job_id}").json()
-                    with pool.connection() as conn:
-                        rows = conn.execute(
-                            _PUBLISHED_SQL, {"job_ids": [uuid.UUID(j["job_id"]) for j in jobs.values()]}
-                        ).fetchall()
-                    by_job = {str(r["job_id"]): bool(r["published"]) for r in rows}
-                    published = {f: by_job.get(jobs[f]["job_id"], False) for f in jobs}
-                    live.update(_table(samples, statuses, published))
-                    if follow_until_done:
-                        finished = all(s["done"] for s in statuses.values())
-                    else:
-                        finished = all(published.values())
-                    if finished or time.monotonic() > deadline:
-                        break
-                    time.sleep(0.5)
-            console.print()
-
-    done = sum(1 for s in statuses.values() if s["done"])
-    handed_on = sum(published.values())
+    # The reference ERP must know the endpoint's secret to verify what it receives.
+    secret = generate_secret()
+    httpx.post(f"{erp_url}/admin/secrets", json={"secrets": [secret]}, timeout=10.0).raise_for_status()
+    endpoint = register_endpoint(tenant_id, f"{erp_url}/webhooks", secret=secret)
     console.print(
-        f"{len(samples)} jobs accepted durably; {handed_on} handed to RabbitMQ by the outbox relay "
-        f"(queue {settings.common.queue_prefix}.inference.ingest); {done} finished."
+        f"Registered webhook endpoint {endpoint['endpoint_id']} → {erp_url}/webhooks "
+        f"({'verified by a signed ping' if endpoint['verified'] else 'NOT verified yet'})."
     )
-    if not follow_until_done:
+
+    headers = {"Authorization": f"Bearer {api_key}"}
+    jobs: dict[str, str] = {}
+    with httpx.Client(base_url=base_url, headers=headers, timeout=10.0) as client:
+        for sample in samples:
+            reply = _submit(client, sample, run_id)
+            if reply.status_code != 202:
+                console.print(f"[red]{sample.filename}: HTTP {reply.status_code}: {reply.text}[/red]")
+                return 1
+            jobs[sample.filename] = reply.json()["job_id"]
+        first = samples[0]
+        console.print(f"Submitted {len(samples)} sample invoices; each was answered 202 at once.")
+        again = _submit(client, first, run_id)
+        same = again.json().get("job_id") == jobs[first.filename]
         console.print(
-            "This stack has no inference worker yet, so the jobs wait in READY: accepted, durable, and "
-            "queued for extraction."
+            f"Submitted {first.filename} again with the same Idempotency-Key: HTTP {again.status_code}, "
+            f"{'the same job' if same else 'a DIFFERENT job (bug!)'} "
+            f"(Idempotent-Replayed: {again.headers.get('idempotent-replayed')})."
         )
-    ok = handed_on == len(samples) and (done == len(samples) or not follow_until_done)
+        console.print(f"The 202 body says: [italic]{again.json()['message']}[/italic]")
+
+        deadline = time.monotonic() + timeout
+        statuses: dict[str, dict[str, Any]] = {}
+        ledger: dict[str, dict[str, Any]] = {}
+        with Live(console=console, refresh_per_second=4) as live:
+            while True:
+                for sample in samples:
+                    statuses[sample.filename] = client.get(
+                        f"/v1/extraction-jobs/{jobs[sample.filename]}"
+                    ).json()
+                ledger = _ledger(erp_url, set(jobs.values()))
+                live.update(_table(samples, jobs, statuses, ledger))
+                if _delivered(jobs, statuses, ledger) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+        console.print()
+    return _summary(console, samples, jobs, statuses, ledger)
+
+
+def _ledger(erp_url: str, job_ids: set[str]) -> dict[str, dict[str, Any]]:
+    try:
+        body = httpx.get(f"{erp_url}/ledger", timeout=5.0).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return {entry["job_id"]: entry for entry in body.get("jobs", []) if entry["job_id"] in job_ids}
+
+
+def _delivered(jobs: dict[str, str], statuses: dict[str, dict[str, Any]], ledger: dict[str, Any]) -> bool:
+    for filename, job_id in jobs.items():
+        status = statuses.get(filename, {})
+        entry = ledger.get(job_id)
+        if not status.get("done") or entry is None or entry["state_version"] != status.get("state_version"):
+            return False
+    return True
+
+
+def _summary(
+    console: Console,
+    samples: list[Sample],
+    jobs: dict[str, str],
+    statuses: dict[str, dict[str, Any]],
+    ledger: dict[str, dict[str, Any]],
+) -> int:
+    as_expected = sum(1 for s in samples if statuses.get(s.filename, {}).get("state") == s.expect)
+    counts: dict[str, int] = {}
+    for status in statuses.values():
+        counts[str(status.get("state"))] = counts.get(str(status.get("state")), 0) + 1
+    states_text = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+    console.print(
+        f"{len(samples)} jobs: {states_text}; {as_expected} of {len(samples)} as the samples expect."
+    )
+    applied_once = sum(1 for job_id in jobs.values() if ledger.get(job_id, {}).get("effects") == 1)
+    received = sum(len(entry.get("webhook_ids", [])) for entry in ledger.values())
+    duplicates = sum(entry.get("counts", {}).get("duplicates", 0) for entry in ledger.values())
+    console.print(
+        f"ERP ledger: {len(ledger)} entries for {len(jobs)} jobs, {applied_once} applied exactly once; "
+        f"{received} signed deliveries received, {duplicates} duplicate(s) ignored."
+    )
+    ok = as_expected == len(samples) and applied_once == len(jobs)
+    if not ok:
+        console.print("[red]The demo did not end as expected; see out/demo-stack.log.[/red]")
     return 0 if ok else 1
 
 
@@ -171,22 +202,33 @@ def _submit(client: httpx.Client, sample: Sample, run_id: str) -> httpx.Response
     )
 
 
-def _table(samples: list[Sample], statuses: dict[str, dict[str, Any]], published: dict[str, bool]) -> Table:
-    table = Table(title="Sample invoices", expand=False)
+def _table(
+    samples: list[Sample], jobs: dict[str, str], statuses: dict[str, dict[str, Any]], ledger: dict[str, Any]
+) -> Table:
+    table = Table(title="Sample invoices (✓ = ended in the state the sample is built for)", expand=False)
     table.add_column("invoice", no_wrap=True)
-    table.add_column("job", no_wrap=True)
     table.add_column("state", no_wrap=True)
-    table.add_column("done", no_wrap=True, min_width=4)
-    table.add_column("published", no_wrap=True, min_width=9)
-    table.add_column("should end in", no_wrap=True)
+    table.add_column("tries", justify="right", min_width=5)
+    table.add_column("total", justify="right", no_wrap=True)
+    table.add_column("review reasons", min_width=24)
+    table.add_column("ERP ledger", no_wrap=True)
     for sample in samples:
         status = statuses.get(sample.filename, {})
+        result = status.get("result") or {}
+        total = f"{result.get('total', '')} {result.get('currency', '')}".strip()
+        reasons = ", ".join(sorted({r["code"] for r in (status.get("review") or {}).get("reasons", [])}))
+        entry = ledger.get(jobs[sample.filename])
+        erp_text = "waiting" if entry is None else f"v{entry['state_version']} applied {entry['effects']}x"
+        state = str(status.get("state", ""))
+        mark = ""
+        if status.get("done"):
+            mark = " ✓" if state == sample.expect else f" ✗ expected {sample.expect}"
         table.add_row(
             sample.filename.removesuffix(".txt"),
-            "…" + str(status.get("job_id", ""))[-6:],
-            str(status.get("state", "")),
-            "yes" if status.get("done") else "no",
-            "yes" if published.get(sample.filename) else "waiting",
-            sample.expect,
+            state + mark,
+            str(status.get("attempts", "")),
+            total,
+            reasons,
+            erp_text,
         )
     return table

@@ -62,6 +62,17 @@ def check_dependencies(settings: CommonSettings) -> list[str]:
     return problems
 
 
+# The local stack delivers webhooks to the reference ERP on this machine: the egress guard refuses
+# private and loopback targets unless the allow-list names them (DESIGN §5.10).
+LOCAL_DEFAULTS = {"FATURA_EGRESS_ALLOW": "127.0.0.1/32,::1/128"}
+
+
+def apply_local_defaults() -> None:
+    """Settings the local stack needs, unless the environment already says otherwise."""
+    for name, value in LOCAL_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+
+
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 

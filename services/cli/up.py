@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from services.cli.processes import PROCESSES
-from services.cli.stack import Stack, check_dependencies
+from services.cli.stack import Stack, apply_local_defaults, check_dependencies
 from services.common.migrate import migrate
 from services.common.settings import CommonSettings
 
@@ -28,6 +28,7 @@ def register(sub: Any) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
+    apply_local_defaults()
     settings = CommonSettings.from_env()
     problems = check_dependencies(settings)
     if problems:
