@@ -28,13 +28,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.stack import OUT_DIR, TERMINAL, Stack, limiter_toml, load_average, noop_queue
+from bench.stack import OUT_DIR, TERMINAL, Stack, add_stack_arguments, limiter_toml, load_average, noop_queue
 from services.common.settings import CommonSettings
 
 GOAL_JOBS_PER_SECOND = 300.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_stack_arguments(p)
     p.add_argument("--jobs", type=int, default=3000, help="jobs per layout (default 3000)")
     p.add_argument(
         "--layouts",
@@ -257,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     OUT_DIR.mkdir(exist_ok=True)
-    with Stack("pipeline", args.database) as stack:
+    with Stack("pipeline", args.database, limiter_deadline_ms=args.limiter_deadline_ms) as stack:
         print(
             f"database {args.database}, queue prefix {stack.prefix}; process logs in {stack.log_dir}",
             flush=True,

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.stack import OUT_DIR, Stack, limiter_toml, load_average
+from bench.stack import OUT_DIR, Stack, add_stack_arguments, limiter_toml, load_average
 
 SEED_FORMULA = (
     "seed 000_d29c5a52d58f6ad8.txt §3: attempt_capacity = min(RPM / 60, "
@@ -37,6 +37,7 @@ GOAL_RATIO = 0.95
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_stack_arguments(p)
     p.add_argument(
         "--duration",
         type=float,
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     OUT_DIR.mkdir(exist_ok=True)
-    with Stack("quota", args.database) as stack:
+    with Stack("quota", args.database, limiter_deadline_ms=args.limiter_deadline_ms) as stack:
         print(
             f"database {args.database}, queue prefix {stack.prefix}; process logs in {stack.log_dir}",
             flush=True,

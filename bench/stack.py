@@ -11,6 +11,7 @@ event); ``submit_http`` goes through the edge when the HTTP path itself matters.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import signal
@@ -70,6 +71,15 @@ class Proc:
             self.popen.wait()
 
 
+def add_stack_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--limiter-deadline-ms",
+        type=int,
+        default=0,
+        help="FATURA_LIMITER_DEADLINE_MS of the workers (default: the service's own, 50 ms)",
+    )
+
+
 def limiter_toml(*, rpm: int, tpm: int, max_in_flight: int, tenant_max_in_flight: int) -> str:
     """One pool, ``sandbox``: the pool the worker's provider asks permits of by default."""
     return (
@@ -81,7 +91,7 @@ def limiter_toml(*, rpm: int, tpm: int, max_in_flight: int, tenant_max_in_flight
 class Stack:
     """One benchmark's processes, database, queues and limiter keys; a context manager."""
 
-    def __init__(self, label: str, database: str) -> None:
+    def __init__(self, label: str, database: str, *, limiter_deadline_ms: int = 0) -> None:
         self.label = label
         self.database_url = bench_database(database)
         self.prefix = f"bench-{label}-{uuid.uuid4().hex[:8]}"
@@ -101,6 +111,8 @@ class Stack:
             "FATURA_LOG_LEVEL": "WARNING",
             "PYTHONUNBUFFERED": "1",
         }
+        if limiter_deadline_ms:
+            self.env["FATURA_LIMITER_DEADLINE_MS"] = str(limiter_deadline_ms)
         self.procs: list[Proc] = []
         self.pool: SyncPool = sync_pool(self.common, name=f"bench-{label}", max_size=8)
         self.pool.open()
