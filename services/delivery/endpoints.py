@@ -232,7 +232,7 @@ class Endpoints:
             if row["endpoint_state"] != "enabled":
                 raise Conflict("the endpoint is disabled; enable it before resending")
             await conn.execute(Q["resend_delivery"], {"delivery_id": delivery_id})
-            cur = await conn.execute(Q["deliveries_for_job_by_id"], {"delivery_id": delivery_id})
+            cur = await conn.execute(Q["delivery_by_id"], {"delivery_id": delivery_id})
             updated = await cur.fetchone()
         assert updated is not None
         return _delivery_view(updated)

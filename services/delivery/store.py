@@ -25,8 +25,6 @@ from services.delivery.settings import DeliverySettings
 log = logging.getLogger(__name__)
 Q = load_queries(Path(__file__).with_name("sql") / "delivery.sql")
 
-MAX_STORED_RESPONSE = 4096
-
 
 def ingest(pool: ConnectionPool[Any], event: EventMessage) -> list[uuid.UUID]:
     """Dedup the event by id and create one delivery per matching endpoint; returns those to wake.
@@ -182,7 +180,9 @@ def record(
     """
     body = result.response_body
     if body is not None:
-        body = body.encode("utf-8")[:MAX_STORED_RESPONSE].decode("utf-8", errors="ignore")
+        # Decoding with replacement can grow invalid bytes; the stored text keeps the byte cap.
+        cap = settings.limits.max_response_bytes
+        body = body.encode("utf-8")[:cap].decode("utf-8", errors="ignore")
     with pool.connection() as conn, conn.transaction():
         _endpoint_health(conn, claim, decision, settings)
         row = conn.execute(

@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 import dramatiq
+from dramatiq.errors import ConnectionError as BrokerConnectionError
 from dramatiq.middleware import CurrentMessage
 
 from services.common import faults
@@ -81,8 +82,12 @@ class DeliveryWorker:
         except BadMessage as exc:
             reject(self.pool, self.ingest_queue, "ingest", _message_id(), exc, event)
             raise
-        for delivery_id in woken:
-            self.broker.enqueue(deliver_message(self.settings.common.queue_prefix, delivery_id))
+        try:
+            for delivery_id in woken:
+                self.broker.enqueue(deliver_message(self.settings.common.queue_prefix, delivery_id))
+        except BrokerConnectionError as exc:
+            # The deliveries are committed; the scheduler wakes them after FATURA_DELIVERY_REWAKE_SECONDS.
+            log.warning("could not wake deliver for event %s (%s); the scheduler will", message.event_id, exc)
 
     def deliver(self, delivery_id: Any = None) -> None:
         try:

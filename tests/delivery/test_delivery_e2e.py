@@ -308,6 +308,43 @@ def test_resend_sends_the_same_webhook_id_again_and_the_erp_does_not_apply_it_tw
     assert entry["effects"] == 1 and entry["counts"]["duplicates"] == 1
 
 
+def test_a_bad_message_is_dead_lettered_with_its_reason_and_changes_nothing(
+    worker: ServiceProcess, jobs: Jobs, pool: SyncPool, queue_prefix: str
+) -> None:
+    # Given a malformed event and a well-formed one naming a job that does not exist
+    bad_id, ghost_id = str(uuid.uuid4()), str(uuid.uuid4())
+    jobs.publish({"event_type": "extraction.completed.v1", "event_id": "not-a-uuid"}, message_id=bad_id)
+    ghost = {
+        "event_id": ghost_id,
+        "event_type": "extraction.completed.v1",
+        "tenant_id": str(uuid.uuid4()),
+        "job_id": str(uuid.uuid4()),
+        "state": "SUCCEEDED",
+        "state_version": 2,
+    }
+    jobs.publish(ghost)
+
+    def refusals() -> dict[str, str]:
+        with pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT message_id, reason FROM dead_letters WHERE queue = %s AND message_id = ANY(%s)",
+                (f"{queue_prefix}.delivery.ingest", [bad_id, ghost_id]),
+            ).fetchall()
+        return {r["message_id"]: r["reason"] for r in rows}
+
+    # Then each is refused with its reason, and nothing was taken in
+    assert wait_for(lambda: len(refusals()) == 2 and refusals(), 10, "two refusals") == {
+        bad_id: "malformed",
+        ghost_id: "unknown_job",
+    }
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT count(*) AS n FROM delivery_inbox WHERE event_id = %s", (ghost_id,)
+        ).fetchone()
+    assert row is not None and row["n"] == 0
+    assert worker.alive()
+
+
 def test_a_worker_killed_after_the_post_makes_the_erp_receive_twice_and_apply_once(
     worker: ServiceProcess,
     start_worker: StartProcess,

@@ -71,10 +71,15 @@ FROM deliveries d
 WHERE d.tenant_id = %(tenant_id)s AND d.job_id = %(job_id)s
 ORDER BY d.created_at, d.delivery_id
 
--- name: deliveries_for_job_by_id
+-- name: delivery_by_id
 SELECT d.delivery_id, d.event_id, d.event_type, d.endpoint_id, d.job_id, d.state, d.reason,
        d.attempts, d.last_status, d.next_attempt_at, d.created_at, d.updated_at, d.delivered_at,
-       '[]'::jsonb AS attempt_log
+       coalesce((SELECT jsonb_agg(jsonb_build_object(
+                     'attempt', a.attempt, 'started_at', a.started_at, 'ended_at', a.ended_at,
+                     'outcome', a.outcome, 'http_status', a.http_status, 'error_class', a.error_class,
+                     'response_body', a.response_body, 'retry_after_ms', a.retry_after_ms,
+                     'latency_ms', a.latency_ms) ORDER BY a.id)
+                 FROM delivery_attempts a WHERE a.delivery_id = d.delivery_id), '[]'::jsonb) AS attempt_log
 FROM deliveries d
 WHERE d.delivery_id = %(delivery_id)s
 
