@@ -354,7 +354,7 @@ def test_a_bad_fault_request_is_a_400_and_changes_nothing(sim: ServiceProcess, b
 
 def test_hundreds_of_hanging_requests_are_held_at_once(sim: ServiceProcess) -> None:
     # Given every answer hangs for a while
-    set_fault(sim, mode="hang_before_headers", delay_s=2)
+    set_fault(sim, mode="hang_before_headers", delay_s=4)  # longer than sending 200 takes on a busy machine
     body = {"model": MODEL, "messages": [{"role": "user", "content": "INVOICE"}]}
 
     async def burst() -> list[int]:
