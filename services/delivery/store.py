@@ -13,17 +13,36 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from psycopg import Connection
+from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
+from services.common.db import SyncPool
 from services.common.messages import BadMessage, EventMessage
 from services.common.queries import load_queries
+from services.common.settings import CommonSettings
 from services.delivery import metrics, outcomes, payload, signing
 from services.delivery.outcomes import AttemptResult, Decision
 from services.delivery.settings import DeliverySettings
 
 log = logging.getLogger(__name__)
 Q = load_queries(Path(__file__).with_name("sql") / "delivery.sql")
+
+
+def autocommit_pool(common: CommonSettings, *, name: str, max_size: int) -> SyncPool:
+    """The worker's pool: autocommit, so a single-statement write is one round trip; the
+    multi-statement steps open their own transaction."""
+    return ConnectionPool(
+        common.database_url,
+        connection_class=Connection[DictRow],
+        min_size=min(common.db_pool_min, max_size),
+        max_size=max_size,
+        kwargs={"application_name": f"fatura-{name}", "row_factory": dict_row, "autocommit": True},
+        name=name,
+        open=False,
+        timeout=10.0,
+    )
 
 
 def ingest(pool: ConnectionPool[Any], event: EventMessage) -> list[uuid.UUID]:
@@ -183,27 +202,30 @@ def record(
         # Decoding with replacement can grow invalid bytes; the stored text keeps the byte cap.
         cap = settings.limits.max_response_bytes
         body = body.encode("utf-8")[:cap].decode("utf-8", errors="ignore")
-    with pool.connection() as conn, conn.transaction():
-        _endpoint_health(conn, claim, decision, settings)
-        row = conn.execute(
-            Q["record_attempt"],
-            {
-                "delivery_id": claim.delivery_id,
-                "fence": claim.fence,
-                "state": decision.state,
-                "reason": decision.reason,
-                "http_status": result.status,
-                "delay_seconds": decision.delay_seconds or 0.0,
-                "attempt": claim.attempt,
-                "started_at": claim.started_at,
-                "error_class": result.error_class,
-                "response_body": body,
-                "retry_after_ms": None
-                if result.retry_after_seconds is None
-                else int(result.retry_after_seconds * 1000),
-                "latency_ms": result.latency_ms,
-            },
-        ).fetchone()
+    params = {
+        "delivery_id": claim.delivery_id,
+        "fence": claim.fence,
+        "state": decision.state,
+        "reason": decision.reason,
+        "http_status": result.status,
+        "delay_seconds": decision.delay_seconds or 0.0,
+        "attempt": claim.attempt,
+        "started_at": claim.started_at,
+        "error_class": result.error_class,
+        "response_body": body,
+        "retry_after_ms": None
+        if result.retry_after_seconds is None
+        else int(result.retry_after_seconds * 1000),
+        "latency_ms": result.latency_ms,
+    }
+    with pool.connection() as conn:
+        if _touches_endpoint(claim, decision):
+            with conn.transaction():
+                _endpoint_health(conn, claim, decision, settings)
+                row = conn.execute(Q["record_attempt"], params).fetchone()
+        else:
+            # The common case, a delivery to a healthy endpoint: one atomic statement, one round trip.
+            row = conn.execute(Q["record_attempt"], params).fetchone()
     if row is None or row["outcome"] == "stale":
         metrics.STALE.inc()
         log.warning(
@@ -212,6 +234,15 @@ def record(
         return False
     metrics.OUTCOMES.labels(decision.state).inc()
     return True
+
+
+def _touches_endpoint(claim: Claim, decision: Decision) -> bool:
+    return (
+        (decision.healthy and claim.endpoint_dirty)
+        or decision.breaker_failure
+        or decision.auth_failure
+        or decision.disable_endpoint is not None
+    )
 
 
 def _endpoint_health(conn: Any, claim: Claim, decision: Decision, settings: DeliverySettings) -> None:

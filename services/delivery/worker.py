@@ -20,13 +20,14 @@ from dramatiq.middleware import CurrentMessage
 
 from services.common import faults
 from services.common.broker import QuorumRabbitmqBroker, make_broker
-from services.common.db import SyncPool, sync_pool
+from services.common.db import SyncPool
 from services.common.messages import BadMessage, parse_event, reject
 from services.common.worker import run_worker, stop_on_signals
 from services.delivery import metrics, outcomes, payload, signing, store
 from services.delivery.egress import EgressGuard
 from services.delivery.sender import Sender
 from services.delivery.settings import DeliverySettings
+from services.delivery.store import autocommit_pool
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ def main() -> int:
     broker = make_broker(settings.common)
     sender = Sender(EgressGuard(settings.egress_allow), settings.limits)
     pool_size = settings.worker_threads + 2
-    with sync_pool(settings.common, name="delivery-worker", max_size=pool_size) as pool:
+    with autocommit_pool(settings.common, name="delivery-worker", max_size=pool_size) as pool:
         worker = DeliveryWorker(settings, pool, broker, sender)
         worker.declare()
 
