@@ -73,6 +73,12 @@ def ingest(pool: ConnectionPool[Any], event: EventMessage) -> list[uuid.UUID]:
         job: dict[str, Any] = row["job"]
         if job.get("tenant_id") != str(event.tenant_id):
             raise BadMessage("tenant_mismatch", f"job {event.job_id} belongs to another tenant")
+        recorded = row["recorded_state"]
+        if recorded is not None and recorded != event.state:
+            raise BadMessage(
+                "state_mismatch",
+                f"job {event.job_id} was {recorded} at version {event.state_version}, not {event.state}",
+            )
         if int(job.get("state_version") or 0) < event.state_version:
             raise BadMessage(
                 "from_the_future", f"job {event.job_id} has not reached version {event.state_version}"

@@ -309,9 +309,16 @@ def test_resend_sends_the_same_webhook_id_again_and_the_erp_does_not_apply_it_tw
 
 
 def test_a_bad_message_is_dead_lettered_with_its_reason_and_changes_nothing(
-    worker: ServiceProcess, jobs: Jobs, pool: SyncPool, queue_prefix: str
+    worker: ServiceProcess, jobs: Jobs, pool: SyncPool, queue_prefix: str, register: RegisterFn, erp: Erp
 ) -> None:
-    # Given a malformed event and a well-formed one naming a job that does not exist
+    # Given a malformed event, one naming a job that does not exist, and one that misstates a job
+    endpoint = register(erp.webhook_url)
+    job_id = jobs.submit(endpoint.tenant)
+    real = jobs.complete(endpoint.tenant, job_id, publish=False)
+    liar_id = str(uuid.uuid4())
+    jobs.publish(
+        {**real, "event_id": liar_id, "state": "FAILED_TERMINAL", "event_type": "extraction.failed.v1"}
+    )
     bad_id, ghost_id = str(uuid.uuid4()), str(uuid.uuid4())
     jobs.publish({"event_type": "extraction.completed.v1", "event_id": "not-a-uuid"}, message_id=bad_id)
     ghost = {
@@ -328,15 +335,17 @@ def test_a_bad_message_is_dead_lettered_with_its_reason_and_changes_nothing(
         with pool.connection() as conn:
             rows = conn.execute(
                 "SELECT message_id, reason FROM dead_letters WHERE queue = %s AND message_id = ANY(%s)",
-                (f"{queue_prefix}.delivery.ingest", [bad_id, ghost_id]),
+                (f"{queue_prefix}.delivery.ingest", [bad_id, ghost_id, liar_id]),
             ).fetchall()
         return {r["message_id"]: r["reason"] for r in rows}
 
     # Then each is refused with its reason, and nothing was taken in
-    assert wait_for(lambda: len(refusals()) == 2 and refusals(), 10, "two refusals") == {
+    assert wait_for(lambda: len(refusals()) == 3 and refusals(), 10, "three refusals") == {
         bad_id: "malformed",
         ghost_id: "unknown_job",
+        liar_id: "state_mismatch",
     }
+    assert deliveries(jobs.client, endpoint.tenant, job_id) == []
     with pool.connection() as conn:
         row = conn.execute(
             "SELECT count(*) AS n FROM delivery_inbox WHERE event_id = %s", (ghost_id,)

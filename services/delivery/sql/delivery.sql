@@ -15,12 +15,11 @@ INSERT INTO delivery_quarantine (event_id, payload, payload_digest, reason)
 VALUES (%(event_id)s, %(payload)s, %(digest)s, %(reason)s)
 
 -- name: job_for_event
--- The job row as JSON (so columns other services add, such as `result`, come along), and when the
--- event's state version was reached.
-SELECT to_jsonb(j) AS job,
-       (SELECT at FROM job_events e WHERE e.job_id = j.id AND e.state_version = %(state_version)s)
-           AS occurred_at
+-- The job row as JSON (so columns other services add, such as `result`, come along), and when and
+-- in which state the job reached the event's state version.
+SELECT to_jsonb(j) AS job, e.at AS occurred_at, e.state AS recorded_state
 FROM extraction_jobs j
+LEFT JOIN job_events e ON e.job_id = j.id AND e.state_version = %(state_version)s
 WHERE j.id = %(job_id)s
 
 -- name: matching_endpoints
