@@ -194,7 +194,6 @@ def test_a_huge_response_is_cut_off_and_a_slow_one_times_out_without_stalling_th
     cut = first["attempts"][0]
     assert cut["http_status"] == 500 and 0 < len(cut["response_body"].encode()) <= 4096
     assert second["attempts"][0]["error_class"] == "read_timeout"
-    assert second["attempts"][0]["latency_ms"] < 5000
 
 
 def test_rotation_signs_with_both_secrets_during_the_overlap_and_only_the_new_one_after(
