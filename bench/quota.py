@@ -51,6 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--distribution", default="exponential", choices=("fixed", "exponential", "lognormal"), help="latency"
     )
+    p.add_argument(
+        "--pool-window-ms",
+        type=int,
+        default=60_000,
+        help="the limiter pool's RPM window (default 60000, the provider's; longer leaves a margin)",
+    )
     p.add_argument("--workers", type=int, default=3, help="inference worker processes (default 3)")
     p.add_argument("--slots", type=int, default=8, help="FATURA_INFERENCE_CONCURRENCY of each worker")
     p.add_argument("--database", default="fatura_bench_quota", help="the bench's own database (recreated)")
@@ -116,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
         f"fatura bench quota — {os.cpu_count()} CPUs, load average {load_average()}; "
         f"provider RPM {args.rpm}, "
         f"TPM {args.tpm or 'unlimited'}, concurrency {args.concurrency}, latency {args.distribution} mean "
-        f"{args.latency_ms:g} ms; limiter pool the same; {args.workers} workers x {args.slots} slots; "
+        f"{args.latency_ms:g} ms; limiter pool the same over {args.pool_window_ms} ms; "
+        f"{args.workers} workers x {args.slots} slots; "
         f"{args.duration:g} s measured; backlog {backlog} jobs",
         flush=True,
     )
@@ -132,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
                 tpm=pool_tpm,
                 max_in_flight=args.concurrency,
                 tenant_max_in_flight=args.concurrency,
+                window_ms=args.pool_window_ms,
             )
         )
         stack.start_provider(

@@ -80,10 +80,13 @@ def add_stack_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def limiter_toml(*, rpm: int, tpm: int, max_in_flight: int, tenant_max_in_flight: int) -> str:
+def limiter_toml(
+    *, rpm: int, tpm: int, max_in_flight: int, tenant_max_in_flight: int, window_ms: int = 60_000
+) -> str:
     """One pool, ``sandbox``: the pool the worker's provider asks permits of by default."""
     return (
-        f"[pools.sandbox]\nrpm = {rpm}\ntpm = {tpm}\nmax_in_flight = {max_in_flight}\n\n"
+        f"[pools.sandbox]\nrpm = {rpm}\ntpm = {tpm}\nmax_in_flight = {max_in_flight}\n"
+        f"window_ms = {window_ms}\n\n"
         f"[tenant_defaults]\nmax_in_flight = {tenant_max_in_flight}\n"
     )
 
