@@ -1,7 +1,7 @@
 """Shared fixtures. Tests talk to the real PostgreSQL, RabbitMQ and Redis on this machine.
 
-Each run gets its own database (``fatura_test_<random>``, dropped at the end) and its own RabbitMQ queue prefix, so a test run
-and a running demo never see each other's data.
+Each run gets its own database (``fatura_test_<random>``, dropped at the end) and its own
+RabbitMQ queue prefix, so a test run and a running demo never see each other's data.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from services.limiter.model import Denial, Grant
 log = logging.getLogger(__name__)
 Q = load_queries(Path(__file__).with_name("sql") / "inference.sql")
 
+
 @dataclass
 class _Owned:
     fence: int
