@@ -198,13 +198,15 @@ def _chart(path: Path, figures: dict[str, Any]) -> None:
     rates.set_title(f"ratio {figures['ratio']:.0%} (goal ≥ {GOAL_RATIO:.0%})")
     for x, v in enumerate(values):
         rates.text(x, v, f"{v:,.0f}", ha="center", va="bottom")
-    lat.bar(
-        ["p50", "p99"],
-        [figures["delivery_post_p50_ms"], figures["delivery_post_p99_ms"]],
-        label="worker POST",
-    )
+    xs = [0, 1]
+    worker_ms = [figures["delivery_post_p50_ms"], figures["delivery_post_p99_ms"]]
+    raw_ms = [figures["raw_p50_ms"], figures["raw_p99_ms"]]
+    lat.bar([x - 0.2 for x in xs], worker_ms, width=0.4, color="#3b7dd8", label="worker's POST")
+    lat.bar([x + 0.2 for x in xs], raw_ms, width=0.4, color="#999999", label="raw POST")
+    lat.set_xticks(xs, ["p50", "p99"])
     lat.set_ylabel("ms")
-    lat.set_title("POST latency inside the worker")
+    lat.set_title("POST latency")
+    lat.legend()
     fig.suptitle(f"fatura bench delivery: {figures['deliveries']} deliveries, {figures['threads']} threads")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
