@@ -45,6 +45,7 @@ FAST_TIMERS = {
     "FATURA_INFERENCE_CONCURRENCY": "4",
     "FATURA_PROVIDER_BREAKER_COOLDOWN_SECONDS": "1",
     "FATURA_PROVIDER_HEADER_TIMEOUT_SECONDS": "20",
+    "FATURA_RELAY_CLAIM_TIMEOUT_SECONDS": "2",
 }
 
 TERMINAL = {"SUCCEEDED", "REVIEW_REQUIRED", "FAILED_TERMINAL", "CANCELLED"}
@@ -57,8 +58,16 @@ class Pipeline:
     pool: SyncPool
     edge: ServiceProcess
     provider_url: str
+    relay: ServiceProcess
+    others: list[ServiceProcess] = field(default_factory=list)
     workers: list[ServiceProcess] = field(default_factory=list)
     schedulers: list[ServiceProcess] = field(default_factory=list)
+
+    def stop(self) -> None:
+        """End this pipeline's processes before its database goes away."""
+        for process in [*self.workers, *self.schedulers, self.relay, self.edge, *self.others]:
+            if process.alive():
+                process.stop()
 
     def start_worker(self, **env: str) -> ServiceProcess:
         port = free_port()
@@ -79,6 +88,13 @@ class Pipeline:
         scheduler.wait_ready(f"http://127.0.0.1:{port}/readyz")
         self.schedulers.append(scheduler)
         return scheduler
+
+    def restart_relay(self, **env: str) -> ServiceProcess:
+        """Replace the relay by one with extra settings (for example a fault point)."""
+        if self.relay.alive():
+            self.relay.stop()
+        self.relay = self.spawn("relay", **{**self.env, "FATURA_RELAY_METRICS_PORT": str(free_port()), **env})
+        return self.relay
 
     def make_tenant(self, **limits: Any) -> TenantHandle:
         tenant_id, key = create_tenant(self.pool, TenantSpec(name=f"t-{uuid.uuid4().hex[:8]}", **limits))
@@ -146,7 +162,7 @@ def pipeline_factory(
     spawn: SpawnFn, database_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[StartPipeline]:
     """Start a pipeline (no workers yet) on a fresh database of this module's own."""
-    made: list[tuple[str, SyncPool]] = []
+    made: list[tuple[str, SyncPool, Pipeline]] = []
 
     def start(**env: str) -> Pipeline:
         url = f"{database_url}_p{len(made)}"
@@ -167,7 +183,6 @@ def pipeline_factory(
         }
         pool = sync_pool(CommonSettings(database_url=url), name="pipeline-tests", max_size=4)
         pool.open()
-        made.append((url, pool))
         limiter_metrics = free_port()
         limiter = spawn(
             "limiter",
@@ -181,12 +196,15 @@ def pipeline_factory(
         provider = spawn("provider", **base, FATURA_SANDBOX_PROVIDER_PORT=str(provider_port))
         provider_url = f"http://127.0.0.1:{provider_port}"
         provider.wait_ready(f"{provider_url}/readyz")
-        spawn("relay", **base, FATURA_RELAY_METRICS_PORT=str(free_port()))
+        relay = spawn("relay", **base, FATURA_RELAY_METRICS_PORT=str(free_port()))
         edge = start_edge(spawn, workers=1, FATURA_AUTH_CACHE_SECONDS="0", **base)
-        return Pipeline(spawn, base, pool, edge, provider_url)
+        pipeline = Pipeline(spawn, base, pool, edge, provider_url, relay, others=[limiter, provider])
+        made.append((url, pool, pipeline))
+        return pipeline
 
     yield start
-    for url, pool in made:
+    for url, pool, pipeline in made:
+        pipeline.stop()
         pool.close()
         drop_database(url)
 

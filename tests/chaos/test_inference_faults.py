@@ -82,6 +82,40 @@ def test_a_worker_killed_after_the_inbox_commit_before_the_ack_runs_the_job_once
     assert row is not None and row["n"] == 1
 
 
+def test_a_relay_killed_between_the_confirm_and_published_at_publishes_again_and_the_job_runs_once(
+    pipe: Pipeline,
+) -> None:
+    # Given a relay that dies (SIGKILL) after RabbitMQ confirmed the publish, before published_at
+    pipe.start_worker()
+    doomed = pipe.restart_relay(FATURA_FAULTS="crash_after_publish_confirm")
+    tenant = pipe.make_tenant()
+    job_id = pipe.submit(tenant, _text(2))
+    doomed.wait_exit(timeout=30)
+    calls = pipe.provider_requests()
+    # When a healthy relay publishes the same event again
+    pipe.restart_relay()
+    job = pipe.wait_state(job_id, TERMINAL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with pipe.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT bool_and(published_at IS NOT NULL) AS done FROM outbox_events WHERE job_id = %s",
+                (job_id,),
+            ).fetchone()
+        if row is not None and row["done"]:
+            break
+        time.sleep(0.2)
+    # Then the worker took the second copy as a duplicate: one inbox row, one provider call, one attempt
+    assert job["state"] == "SUCCEEDED"
+    assert [a["outcome"] for a in pipe.attempts(job_id)] == ["ok"]
+    assert pipe.provider_requests() - calls <= 1
+    with pipe.pool.connection() as conn:
+        inbox = conn.execute(
+            "SELECT count(*) AS n FROM execution_inbox WHERE job_id = %s", (job_id,)
+        ).fetchone()
+    assert inbox is not None and inbox["n"] == 1
+
+
 def _wait_running(pipe: Pipeline, job_id: str, timeout: float = 30.0) -> dict[str, object]:
     return pipe.wait_state(job_id, {"RUNNING"}, timeout)
 
