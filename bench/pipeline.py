@@ -19,6 +19,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -28,6 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.cpu import sample_cpu
+from bench.cpu import split as cpu_split
 from bench.stack import OUT_DIR, TERMINAL, Stack, add_stack_arguments, limiter_toml, load_average, noop_queue
 from services.common.settings import CommonSettings
 
@@ -72,6 +75,8 @@ class LayoutResult:
     p50_seconds: float  # accepted -> terminal, per job
     p99_seconds: float
     load_average: str
+    cpu_ms_per_job: dict[str, float]  # by process name, postgres, bench (the accepting), other
+    transactions_per_job: float  # PostgreSQL commits and rollbacks in the bench database
     finish_offsets: list[float]  # seconds after the first acceptance, for the chart
 
 
@@ -171,14 +176,38 @@ def run_layout(stack: Stack, layout: str, args: argparse.Namespace) -> LayoutRes
             f"layout {layout}: {processes} worker(s) x {concurrency} slots; load average {load}", flush=True
         )
         profilers = start_profilers(workers, layout, args.profile) if args.profile > 0 else []
-        stack.accept_jobs(tenant, args.jobs)
+        cpu_before, xacts_before = sample_cpu(), transactions(stack)
+        # Accept from a thread, so progress counts from the first acceptance.
+        accepting = threading.Thread(target=stack.accept_jobs, args=(tenant, args.jobs), daemon=True)
+        accepting.start()
         wait_terminal(stack, tenant, args.jobs, args.timeout, quiet=False)
+        accepting.join()
+        cpu = cpu_split(stack, cpu_before, sample_cpu(), args.database)
+        time.sleep(1.0)  # PostgreSQL publishes its transaction counters at most once a second
+        xacts = transactions(stack) - xacts_before
         for profiler in profilers:
-            profiler.wait(timeout=args.profile + 30)
+            finish_profiler(profiler, args.profile + 30)
     finally:
         for worker in workers:
             stack.stop(worker)
-    return summarize(stack, tenant, layout, processes, concurrency, load)
+    return summarize(stack, tenant, layout, processes, concurrency, load, cpu, xacts)
+
+
+def finish_profiler(profiler: subprocess.Popen[bytes], timeout: float) -> None:
+    """py-spy stops by itself after its duration; one that hangs is interrupted (it writes on SIGINT)."""
+    try:
+        profiler.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        profiler.send_signal(signal.SIGINT)
+        try:
+            profiler.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            profiler.kill()
+            profiler.wait()
+
+
+def transactions(stack: Stack) -> int:
+    return int(stack.query("transactions")[0]["xacts"])
 
 
 def wait_terminal(stack: Stack, tenant: uuid.UUID, total: int, timeout: float, *, quiet: bool) -> None:
@@ -208,14 +237,22 @@ def start_profilers(workers: list[Any], layout: str, seconds: float) -> list[sub
     for worker in workers:
         out = OUT_DIR / f"bench-pipeline-{layout}-{worker.popen.pid}.folded"
         command = [spy, "record", "--pid", str(worker.popen.pid), "--duration", str(int(seconds))]
-        command += ["--format", "raw", "--rate", "200", "--nonblocking", "--output", str(out)]
+        # --gil: only samples holding the GIL, so the profile shows where Python spends CPU, not waits.
+        command += ["--format", "raw", "--rate", "200", "--gil", "--nonblocking", "--output", str(out)]
         made.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
         print(f"  py-spy recording worker {worker.popen.pid} for {seconds:g} s into {out}", flush=True)
     return made
 
 
 def summarize(
-    stack: Stack, tenant: uuid.UUID, layout: str, processes: int, concurrency: int, load: str
+    stack: Stack,
+    tenant: uuid.UUID,
+    layout: str,
+    processes: int,
+    concurrency: int,
+    load: str,
+    cpu: dict[str, float],
+    xacts: int,
 ) -> LayoutResult:
     span = stack.query("tenant_span", tenant_id=tenant)[0]
     rows = stack.query("tenant_finish_times", tenant_id=tenant)
@@ -239,6 +276,8 @@ def summarize(
         p50_seconds=_pick(latencies, 0.50),
         p99_seconds=_pick(latencies, 0.99),
         load_average=load,
+        cpu_ms_per_job={k: round(1000 * v / max(1, finished), 3) for k, v in cpu.items()},
+        transactions_per_job=xacts / max(1, finished),
         finish_offsets=finishes,
     )
 
@@ -288,6 +327,10 @@ def report(results: list[LayoutResult], ceiling: Ceiling, out: Path) -> None:
             f"{r.steady_jobs_per_second:>9.1f} {r.p50_seconds:>7.2f} {r.p99_seconds:>7.2f}  {states}"
             f"   (load {r.load_average})"
         )
+    print("CPU ms per job (all cores), and PostgreSQL transactions per job:")
+    for r in results:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r.cpu_ms_per_job.items(), key=lambda kv: -kv[1]))
+        print(f"  {r.layout:<8} {parts}; {r.transactions_per_job:.1f} transactions/job")
     best = max(results, key=lambda r: r.jobs_per_second)
     ratio = best.jobs_per_second / ceiling.consume_per_second
     verdict = "met" if best.jobs_per_second >= GOAL_JOBS_PER_SECOND else "NOT met"

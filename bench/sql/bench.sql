@@ -36,3 +36,7 @@ SELECT (SELECT avg(estimated_tokens) FROM extraction_jobs WHERE tenant_id = %(te
            AS estimated_tokens,
        (SELECT avg(a.latency_ms) FROM job_attempts a JOIN extraction_jobs j ON j.id = a.job_id
          WHERE j.tenant_id = %(tenant_id)s AND a.http_status = 200)::float8 AS mean_latency_ms
+
+-- name: transactions
+-- Commits and rollbacks so far in this database (published by PostgreSQL at most once a second).
+SELECT xact_commit + xact_rollback AS xacts FROM pg_stat_database WHERE datname = current_database()
