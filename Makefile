@@ -37,6 +37,9 @@ migrate: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/fatura bench accept
 	$(BIN)/fatura bench limiter
+	$(BIN)/fatura bench pipeline --jobs 1000 --layouts 2x8
+	$(BIN)/fatura bench quota --duration 60
+	$(BIN)/fatura bench fairness --backlog 3000 --tries 10
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache out
