@@ -7,6 +7,7 @@ cannot hold a worker: the body is read up to a cap, and a total deadline covers 
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 from collections import OrderedDict
@@ -51,9 +52,10 @@ class TotalTimeout(Exception):
 class Sender:
     """Thread-safe: one per process, shared by the worker threads."""
 
-    def __init__(self, guard: EgressGuard, limits: SendLimits) -> None:
+    def __init__(self, guard: EgressGuard, limits: SendLimits, verify: ssl.SSLContext | bool = True) -> None:
         self.guard = guard
         self.limits = limits
+        self._verify = verify  # the system's CAs; tests pass a context that trusts their own
         self._clients: OrderedDict[tuple[str, str, int], httpx.Client] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -66,6 +68,7 @@ class Sender:
             if client is None:
                 lim = self.limits
                 client = httpx.Client(
+                    verify=self._verify,
                     follow_redirects=False,
                     trust_env=False,
                     timeout=httpx.Timeout(

@@ -3,6 +3,13 @@ Host header keeps the registered name, and refuses what the guard refuses withou
 
 from __future__ import annotations
 
+import ssl
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
 import httpx
 import pytest
 
@@ -50,3 +57,69 @@ def test_a_refused_target_is_never_contacted(receiver: Receiver) -> None:
 )
 def test_transport_errors_get_names_an_operator_can_act_on(exc: Exception, name: str) -> None:
     assert sender_module._error_class(exc) == name
+
+
+def _https_receiver(tmp_path: Path, name: str) -> tuple[ThreadingHTTPServer, Path, list[dict[str, str]]]:
+    """An HTTPS receiver on 127.0.0.1 whose self-signed certificate names only ``name``."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            f"/CN={name}",
+            "-addext",
+            f"subjectAltName=DNS:{name}",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    seen: list[dict[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", "0")))
+            seen.append({k.lower(): v for k, v in self.headers.items()})
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, cert, seen
+
+
+def test_https_goes_to_the_vetted_address_with_the_registered_name_in_sni_and_the_certificate_check(
+    tmp_path: Path,
+) -> None:
+    server, cert, seen = _https_receiver(tmp_path, "erp.test")
+    port = server.server_address[1]
+    trust = ssl.create_default_context(cafile=str(cert))
+    guard = EgressGuard(parse_allow(["127.0.0.1/32"]), lambda host, p: ["127.0.0.1"])
+    sender = Sender(guard, SendLimits(), verify=trust)
+    try:
+        # The certificate names erp.test, not 127.0.0.1: only a handshake that sent and checked the
+        # registered name succeeds, although the connection went to the vetted address.
+        ok = sender.post(f"https://erp.test:{port}/hooks", {}, b"{}")
+        assert ok.status == 204 and seen[0]["host"] == f"erp.test:{port}"
+        mismatch = sender.post(f"https://127.0.0.1:{port}/hooks", {}, b"{}")
+        assert mismatch.status is None and mismatch.error_class == "connect_error"
+    finally:
+        sender.close()
+        server.shutdown()
+        server.server_close()
