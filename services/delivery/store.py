@@ -138,6 +138,8 @@ class Claim:
 def claim(pool: ConnectionPool[Any], delivery_id: uuid.UUID, settings: DeliverySettings) -> Claim | None:
     """Take a due delivery under a new fence, or decide why not (wait, fail, skip)."""
     with pool.connection() as conn, conn.transaction():
+        if conn.execute(Q["lock_endpoint_of"], {"delivery_id": delivery_id}).fetchone() is None:
+            return None
         row = conn.execute(Q["claim_context"], {"delivery_id": delivery_id}).fetchone()
         if row is None:
             return None

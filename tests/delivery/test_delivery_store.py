@@ -3,6 +3,7 @@ the circuit breaker (deliveries wait, they are not failed)."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from dataclasses import replace
@@ -13,7 +14,9 @@ import pytest
 from psycopg import sql
 
 from fix_db import MakeTenant, SyncPool
+from services.common.db import sync_pool
 from services.common.queries import load_queries
+from services.common.settings import CommonSettings
 from services.delivery import outcomes, signing, store
 from services.delivery.outcomes import AttemptResult
 from services.delivery.settings import DeliverySettings
@@ -122,3 +125,28 @@ def test_consecutive_failures_open_the_breaker_and_later_deliveries_wait_without
     with pool.connection() as conn:
         conn.execute(Q["endpoint_healthy"], {"endpoint_id": endpoint_id})
     assert _row(pool, "webhook_endpoints", "id", endpoint_id)["breaker_open_until"] is None
+
+
+def test_concurrent_claims_never_exceed_the_endpoints_cap(pool: SyncPool, tenant_id: uuid.UUID) -> None:
+    # Given an endpoint that takes two at a time and twelve due deliveries claimed all at once
+    endpoint_id = _endpoint(pool, tenant_id, max_concurrency=2)
+    ids = [_delivery(pool, tenant_id, endpoint_id) for _ in range(12)]
+    barrier = threading.Barrier(len(ids))
+    claims: list[object] = []
+    lock = threading.Lock()
+    with sync_pool(CommonSettings(database_url=pool.conninfo), name="race", max_size=len(ids)) as race:
+        race.wait()
+
+        def claim(delivery_id: uuid.UUID) -> None:
+            barrier.wait()
+            taken = store.claim(race, delivery_id, SETTINGS)
+            with lock:
+                claims.append(taken)
+
+        threads = [threading.Thread(target=claim, args=(i,)) for i in ids]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    # Then exactly two were taken; the others wait
+    assert sum(c is not None for c in claims) == 2

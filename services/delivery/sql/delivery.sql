@@ -36,9 +36,16 @@ VALUES (%(delivery_id)s, %(event_id)s, %(event_type)s, %(endpoint_id)s, %(tenant
 ON CONFLICT (delivery_id) DO NOTHING
 RETURNING delivery_id, state
 
+-- name: lock_endpoint_of
+-- Claims of one endpoint take turns on its row. The lock is its own statement: a statement's
+-- snapshot is taken before it waits for a lock, so a count read in the same statement would miss
+-- the claims committed meanwhile, and the concurrency cap would leak.
+SELECT e.id FROM webhook_endpoints e
+WHERE e.id = (SELECT endpoint_id FROM deliveries WHERE delivery_id = %(delivery_id)s)
+FOR UPDATE
+
 -- name: claim_context
--- The delivery and its endpoint, locking only the endpoint row: claims of one endpoint take turns,
--- so the in-flight count below is exact and the concurrency cap holds.
+-- Read under the endpoint's lock, with a fresh snapshot: the in-flight count is exact.
 SELECT d.state, d.body, d.next_attempt_at <= now() AS due,
        e.id AS endpoint_id, e.url, e.state AS endpoint_state, e.max_concurrency, e.breaker_open_until,
        coalesce(e.breaker_open_until > now(), false) AS breaker_open,
@@ -52,7 +59,6 @@ SELECT d.state, d.body, d.next_attempt_at <= now() AS due,
 FROM deliveries d
 JOIN webhook_endpoints e ON e.id = d.endpoint_id
 WHERE d.delivery_id = %(delivery_id)s
-FOR UPDATE OF e
 
 -- name: claim
 UPDATE deliveries
