@@ -117,6 +117,7 @@ class Stack:
         if limiter_deadline_ms:
             self.env["FATURA_LIMITER_DEADLINE_MS"] = str(limiter_deadline_ms)
         self.procs: list[Proc] = []
+        self._started = 0
         self.pool: SyncPool = sync_pool(self.common, name=f"bench-{label}", max_size=8)
         self.pool.open()
 
@@ -130,7 +131,8 @@ class Stack:
 
     def spawn(self, name: str, ready_url: str, **env: str) -> Proc:
         """Start ``fatura run NAME`` with ``env`` over the stack's own, and wait until it is ready."""
-        log_path = self.log_dir / f"{name}-{len(self.procs)}.log"
+        self._started += 1  # not len(self.procs): stopped processes leave it, their logs stay
+        log_path = self.log_dir / f"{name}-{self._started}.log"
         command = [sys.executable, "-m", "services.cli.main", "run", name]
         with log_path.open("wb") as log:
             popen = subprocess.Popen(
