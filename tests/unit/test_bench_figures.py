@@ -1,0 +1,34 @@
+"""The pure figures of the inference benchmarks: seed 000's capacity formula and B's percentile."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.fairness import p
+from bench.quota import capacity
+
+
+def test_capacity_formula_reproduces_the_seeds_worked_example() -> None:
+    # Given the seed's example: 600 RPM, a TPM budget of 600,000 with 6,000 tokens reserved per
+    # call, and 20 concurrent calls of 10 s each
+    # When the formula is applied
+    figures = capacity(rpm=600, tpm=600_000, reserved_tokens=6000, concurrency=20, mean_seconds=10)
+    # Then each term and the minimum are the seed's: min(10, 1.6667, 2) = 1.6667 attempts/s
+    assert figures["rpm_term"] == pytest.approx(10)
+    assert figures["tpm_term"] == pytest.approx(1.6667, abs=1e-4)
+    assert figures["concurrency_term"] == pytest.approx(2)
+    assert figures["capacity"] == pytest.approx(1.6667, abs=1e-4)
+
+
+def test_an_unlimited_dimension_never_binds() -> None:
+    figures = capacity(rpm=600, tpm=0, reserved_tokens=4913, concurrency=20, mean_seconds=1.0)
+    assert math.isinf(figures["tpm_term"])
+    assert figures["capacity"] == pytest.approx(10)
+
+
+def test_p95_of_twenty_tries_is_the_nineteenth_slowest() -> None:
+    tries = [float(i) for i in range(1, 21)]
+    assert p(tries, 0.95) == 19.0
+    assert p(tries, 0.50) == 10.0
