@@ -150,11 +150,14 @@ def run(args: argparse.Namespace) -> int:
         )
         loaded = tries(stack, "behind A's backlog", b_key, a, args)
         stats = stack.provider_stats()
-    report(idle, loaded, stats, args)
+        counters = stack.worker_counters()
+    report(idle, loaded, stats, counters, args)
     return 0
 
 
-def report(idle: Phase, loaded: Phase, stats: dict[str, object], args: argparse.Namespace) -> None:
+def report(
+    idle: Phase, loaded: Phase, stats: dict[str, object], counters: dict[str, float], args: argparse.Namespace
+) -> None:
     ratio = loaded.p95 / idle.p95
     print()
     for phase in (idle, loaded):
@@ -172,9 +175,11 @@ def report(idle: Phase, loaded: Phase, stats: dict[str, object], args: argparse.
         f"A's jobs finished during B's loaded tries: {drained}; "
         f"provider requests by outcome {stats['by_outcome']}"
     )
+    print("workers of the loaded phase counted: " + ", ".join(f"{k} {v:.0f}" for k, v in counters.items()))
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     numbers = {"idle": asdict(idle), "loaded": asdict(loaded), "ratio_p95": ratio}
+    numbers["worker_counters"] = counters
     out.with_suffix(".json").write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
     chart(idle, loaded, ratio, out)
     print(f"chart: {out}  numbers: {out.with_suffix('.json')}")

@@ -77,6 +77,7 @@ class LayoutResult:
     load_average: str
     cpu_ms_per_job: dict[str, float]  # by process name, postgres, bench (the accepting), other
     transactions_per_job: float  # PostgreSQL commits and rollbacks in the bench database
+    worker_counters: dict[str, float]  # deferrals, limiter calls past the deadline, claims, hops
     finish_offsets: list[float]  # seconds after the first acceptance, for the chart
 
 
@@ -185,12 +186,13 @@ def run_layout(stack: Stack, layout: str, args: argparse.Namespace) -> LayoutRes
         cpu = cpu_split(stack, cpu_before, sample_cpu(), args.database)
         time.sleep(1.0)  # PostgreSQL publishes its transaction counters at most once a second
         xacts = transactions(stack) - xacts_before
+        counters = stack.worker_counters()
         for profiler in profilers:
             finish_profiler(profiler, args.profile + 30)
     finally:
         for worker in workers:
             stack.stop(worker)
-    return summarize(stack, tenant, layout, processes, concurrency, load, cpu, xacts)
+    return summarize(stack, tenant, layout, processes, concurrency, load, cpu, xacts, counters)
 
 
 def finish_profiler(profiler: subprocess.Popen[bytes], timeout: float) -> None:
@@ -253,6 +255,7 @@ def summarize(
     load: str,
     cpu: dict[str, float],
     xacts: int,
+    counters: dict[str, float],
 ) -> LayoutResult:
     span = stack.query("tenant_span", tenant_id=tenant)[0]
     rows = stack.query("tenant_finish_times", tenant_id=tenant)
@@ -278,6 +281,7 @@ def summarize(
         load_average=load,
         cpu_ms_per_job={k: round(1000 * v / max(1, finished), 3) for k, v in cpu.items()},
         transactions_per_job=xacts / max(1, finished),
+        worker_counters=counters,
         finish_offsets=finishes,
     )
 
@@ -331,6 +335,9 @@ def report(results: list[LayoutResult], ceiling: Ceiling, out: Path) -> None:
     for r in results:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r.cpu_ms_per_job.items(), key=lambda kv: -kv[1]))
         print(f"  {r.layout:<8} {parts}; {r.transactions_per_job:.1f} transactions/job")
+    print("worker counters (deferrals, limiter calls past their deadline, claim tries, hops):")
+    for r in results:
+        print(f"  {r.layout:<8} " + ", ".join(f"{k} {v:.0f}" for k, v in r.worker_counters.items()))
     best = max(results, key=lambda r: r.jobs_per_second)
     ratio = best.jobs_per_second / ceiling.consume_per_second
     verdict = "met" if best.jobs_per_second >= GOAL_JOBS_PER_SECOND else "NOT met"

@@ -174,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
             stop.set()
             sampler.join()
         final = stack.provider_stats()
+        counters = stack.worker_counters()
         span = samples.at[-1] if samples.at else 0.0
         attempts = stack.query("attempt_figures", tenant_id=tenant)[0]
         states = dict(stack.tenant_states(tenant))
@@ -197,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         "mean_provider_latency_ms": measured_latency * 1000,
         "reserved_tokens": reserved,
         "job_states": states,
+        "worker_counters": counters,
     }
     report(figures, samples, args)
     return 0
@@ -238,6 +240,7 @@ def report(figures: dict[str, Any], samples: Samples, args: argparse.Namespace) 
         f"load average at the start {figures['load_average']}"
     )
     print(f"job states at the end: {figures['job_states']}")
+    print("worker counters: " + ", ".join(f"{k} {v:.0f}" for k, v in figures["worker_counters"].items()))
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({**figures, "samples": asdict(samples)}, indent=2) + "\n")

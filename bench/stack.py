@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import psycopg
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import dict_row
 
 from bench.accept import bench_database, free_port
@@ -49,6 +50,14 @@ OUT_DIR = Path("out")
 Q = load_queries(Path(__file__).with_name("sql") / "bench.sql")
 TERMINAL = frozenset({"SUCCEEDED", "REVIEW_REQUIRED", "FAILED_TERMINAL", "CANCELLED"})
 ACCEPT = AcceptanceSettings()
+# Prometheus family (as the parser names it) -> short name in the benchmarks' output.
+WORKER_COUNTERS = {
+    "fatura_inference_deferrals": "deferred",
+    "fatura_limiter_client_unreachable": "limiter_past_deadline",
+    "fatura_inference_claims": "claims",
+    "fatura_provider_hops": "hops",
+    "fatura_inference_stale_completions": "stale_completions",
+}
 
 
 @dataclass
@@ -312,6 +321,25 @@ class Stack:
 
     def tenant_states(self, tenant_id: uuid.UUID) -> Counter[str]:
         return Counter({row["state"]: row["n"] for row in self.query("tenant_states", tenant_id=tenant_id)})
+
+    def worker_counters(self) -> dict[str, float]:
+        """What the running inference workers counted, summed over them: deferrals by reason, limiter
+        calls past their deadline by method, claim results, hops by outcome, stale completions."""
+        totals: dict[str, float] = {}
+        for proc in self.procs:
+            if proc.name != "inference-worker":
+                continue
+            text = httpx.get(proc.ready_url.removesuffix("/readyz") + "/metrics", timeout=5.0).text
+            for family in text_string_to_metric_families(text):
+                if family.name not in WORKER_COUNTERS:
+                    continue
+                for sample in family.samples:
+                    if not sample.name.endswith("_total"):
+                        continue
+                    labels = ",".join(v for k, v in sorted(sample.labels.items()) if k != "channel")
+                    key = f"{WORKER_COUNTERS[family.name]}{':' + labels if labels else ''}"
+                    totals[key] = totals.get(key, 0.0) + sample.value
+        return {k: v for k, v in sorted(totals.items()) if v}
 
     def provider_stats(self) -> dict[str, Any]:
         stats: dict[str, Any] = httpx.get(f"{self.provider_url}/admin/stats", timeout=5.0).json()
