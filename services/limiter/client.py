@@ -85,6 +85,7 @@ class LimiterClient:
         address: str,
         *,
         deadline_ms: int = 50,
+        settle_deadline_ms: int = 1_000,
         emergency: EmergencyQuota | None = None,
         default_lease_ms: int = 60_000,
         unavailable_retry_ms: int = 1_000,
@@ -92,6 +93,7 @@ class LimiterClient:
         self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._stub = pb_grpc.LimiterServiceStub(self._channel)
         self._deadline_s = deadline_ms / 1000
+        self._settle_deadline_s = settle_deadline_ms / 1000
         self._emergency = emergency
         self._default_lease_ms = default_lease_ms
         self._unavailable_retry_ms = unavailable_retry_ms
@@ -114,6 +116,7 @@ class LimiterClient:
         return cls(
             settings.address,
             deadline_ms=settings.deadline_ms,
+            settle_deadline_ms=settings.settle_deadline_ms,
             emergency=emergency,
             default_lease_ms=settings.default_lease_ms,
             unavailable_retry_ms=settings.unavailable_retry_ms,
@@ -281,7 +284,8 @@ class LimiterClient:
 
     def _call(self, method: str, request: Any) -> Any:
         try:
-            return getattr(self._stub, method)(request, timeout=self._deadline_s)
+            # Only Acquire is on a caller's critical path; the rest settle what is held already.
+            return getattr(self._stub, method)(request, timeout=self._settle_deadline_s)
         except grpc.RpcError as exc:
             error = translate(exc)
             if isinstance(error, LimiterUnavailable):

@@ -31,6 +31,9 @@ class LimiterSettings:
     # Client
     address: str = "127.0.0.1:50052"
     deadline_ms: int = 50
+    # Release, Renew and ReportThrottle settle what is already held: a missed deadline there keeps a
+    # permit (and a pool slot) until its lease ends, so they may wait longer than an Acquire.
+    settle_deadline_ms: int = 1_000
     emergency_share: float = 0.0  # share of a pool's in-flight/RPM/TPM one process may use unreached
     unavailable_retry_ms: int = 1_000
 
@@ -76,6 +79,9 @@ class LimiterSettings:
             ),
             address=env_str(env, "FATURA_LIMITER_ADDRESS", f"127.0.0.1:{port}"),
             deadline_ms=env_int(env, "FATURA_LIMITER_DEADLINE_MS", cls.deadline_ms, lo=1, hi=60_000),
+            settle_deadline_ms=env_int(
+                env, "FATURA_LIMITER_SETTLE_DEADLINE_MS", cls.settle_deadline_ms, lo=1, hi=60_000
+            ),
             emergency_share=env_float(
                 env, "FATURA_LIMITER_EMERGENCY_SHARE", cls.emergency_share, lo=0.0, hi=1.0
             ),
