@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from datetime import date
 from functools import cache
 from pathlib import Path
 from typing import Any, NoReturn
 
+import fastjsonschema
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
@@ -28,6 +31,24 @@ _CODE_FENCE = re.compile(r"\A\s*```(?:json)?[ \t]*\n(.*)\n```\s*\Z", re.DOTALL |
 
 class _BrokenJson(ValueError):
     """JSON that parses in Python's lenient reader but is not one unambiguous JSON value."""
+
+
+@cache
+def fast_validator() -> Callable[[Any], Any]:
+    """The same schema compiled to Python by fastjsonschema: about fifteen times faster on a valid
+    answer (the common case). jsonschema stays the reference: it decides, and names the error,
+    whenever the compiled check refuses a document."""
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    check: Callable[[Any], Any] = fastjsonschema.compile(schema, formats={"date": _is_date})
+    return check
+
+
+def _is_date(value: str) -> bool:
+    try:
+        date.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
 
 
 @cache
@@ -55,7 +76,12 @@ def parse_invoice(content: str, max_bytes: int) -> dict[str, Any] | Verdict:
     if not _storable(document):
         # PostgreSQL text and jsonb refuse both; storing such a result would fail after the fact.
         return Verdict.model_error("broken_json", "the answer holds a NUL character or an unpaired surrogate")
-    error = best_match(schema_validator().iter_errors(document))
+    try:
+        fast_validator()(document)
+    except fastjsonschema.JsonSchemaException:
+        error = best_match(schema_validator().iter_errors(document))
+    else:
+        error = None
     if error is not None:
         return Verdict.model_error("schema_violation", _clip(f"{error.json_path}: {error.message}"))
     return document

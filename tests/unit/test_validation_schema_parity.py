@@ -1,0 +1,67 @@
+"""The compiled schema check (fastjsonschema) and the reference validator (jsonschema) agree: on
+every sample extraction, and on those extractions with any one field replaced by arbitrary JSON."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import fastjsonschema
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.inference.validation._parse import fast_validator, schema_validator
+from services.sandbox.provider.extract import extract
+from services.sandbox.samples import load_samples
+
+EXTRACTIONS = [extract(sample.text) for sample in load_samples()]
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=20)
+    | st.sampled_from(["2026-02-30", "1.5", "TRY"]),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+def _agree(document: Any) -> bool:
+    try:
+        fast_validator()(document)
+        fast = True
+    except fastjsonschema.JsonSchemaException:
+        fast = False
+    return fast == schema_validator().is_valid(document)
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    paths = [prefix] if prefix else []
+    if isinstance(value, dict):
+        for key, child in value.items():
+            paths += _paths(child, (*prefix, key))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            paths += _paths(child, (*prefix, index))
+    return paths
+
+
+def test_both_checks_accept_every_sample_extraction() -> None:
+    for document in EXTRACTIONS:
+        assert schema_validator().is_valid(document)
+        assert _agree(document)
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), replacement=json_values)
+def test_both_checks_agree_when_any_one_field_is_replaced(data: st.DataObject, replacement: Any) -> None:
+    document = copy.deepcopy(data.draw(st.sampled_from(EXTRACTIONS)))
+    path = data.draw(st.sampled_from(_paths(document)))
+    target = document
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = replacement
+    assert _agree(document)
