@@ -37,7 +37,9 @@ def test_the_shipped_local_config_has_the_sandbox_pool() -> None:
     Then it parses and defines the `sandbox` pool the inference worker uses."""
     assert LimiterSettings.from_env({}).config_path == DEFAULT_CONFIG
     config = load_config(DEFAULT_CONFIG)
-    assert config.pool("sandbox") == PoolLimits("sandbox", rpm=600, tpm=2_000_000, max_in_flight=16)
+    assert config.pool("sandbox") == PoolLimits(
+        "sandbox", rpm=600, tpm=2_000_000, max_in_flight=16, window_ms=61_000
+    )
     assert config.tenant("any-tenant").max_in_flight == 8
 
 
