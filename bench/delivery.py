@@ -329,6 +329,8 @@ def run(args: argparse.Namespace) -> int:
             _stop(w)
         _stop(erp)
         _delete_queues(common.amqp_url, prefix)
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{erp_db}{suffix}").unlink(missing_ok=True)
     figures = {
         "deliveries": n,
         "threads": args.threads,
