@@ -14,11 +14,12 @@ from datetime import datetime, timedelta
 
 from services.common import states
 from services.inference.claims import ClaimedJob, Completion
-from services.inference.providers.base import Hop, ProviderResult
+from services.inference.providers.base import ErrorClass, Hop, ProviderResult
 from services.inference.retry import GiveUp, RetryPolicy, next_step
 from services.inference.validation import Verdict
 
 WORKER_ERROR = "worker_error"
+NO_CHANNEL_WAIT_MS = 1_000
 
 
 def decide(
@@ -42,6 +43,18 @@ def decide(
             available_at=now + timedelta(milliseconds=result.deferred_ms),
             error_class="deferred",
             error_message=f"limiter denied every channel ({result.deferred_reason}); not an attempt",
+            refund_attempt=True,
+        )
+    if result.error_class == ErrorClass.NO_CHANNEL and not result.sent:
+        # Every channel's breaker is open: nothing was sent, so this is a wait, not an attempt.
+        # Counting it would spend a job's whole retry budget during one breaker cooldown.
+        wait_ms = result.retry_after_ms or NO_CHANNEL_WAIT_MS
+        return Completion(
+            states.RETRY_SCHEDULED,
+            hops,
+            available_at=now + timedelta(milliseconds=wait_ms),
+            error_class="deferred",
+            error_message=f"{result.error_message}; not an attempt",
             refund_attempt=True,
         )
     if result.ok and verdict is not None:

@@ -160,3 +160,14 @@ def test_a_bad_event_is_refused_with_its_reason(event: object, reason: str) -> N
     with pytest.raises(BadMessage) as refused:
         parse_event(event, TYPES)
     assert refused.value.reason == reason
+
+
+def test_every_channel_open_in_its_breaker_is_a_wait_not_an_attempt() -> None:
+    skipped = Hop("c1", "m", NOW, NOW, "skipped", sent=False)
+    result = ProviderResult(
+        None, [skipped], ErrorClass.NO_CHANNEL, "every channel is open", retry_after_ms=40_000
+    )
+    completion = decide(JOB, result, None, NOW, POLICY)
+    assert completion.state == states.RETRY_SCHEDULED
+    assert completion.refund_attempt
+    assert completion.available_at == NOW + timedelta(seconds=40)
