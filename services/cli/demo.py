@@ -43,7 +43,7 @@ def register(sub: Any) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    console = Console() if Console().is_terminal else Console(width=120)
+    console = Console() if Console().is_terminal else Console(width=140)
     apply_local_defaults()
     settings = AcceptanceSettings.from_env()
     problems = check_dependencies(settings.common)
