@@ -15,16 +15,28 @@ import pytest
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
 
+# Every queue a process of the stack declares under a prefix (Dramatiq adds .DQ and .XQ to each).
+STACK_QUEUES = ("inference.ingest", "inference.run", "delivery.ingest", "delivery.deliver")
+
+
+def delete_queues(prefix: str) -> None:
+    """Delete the stack's queues under ``prefix``: quorum queues are heavy, and a run must not leave
+    hundreds behind on the shared RabbitMQ."""
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    try:
+        channel = connection.channel()
+        for queue in STACK_QUEUES:
+            for suffix in ("", ".DQ", ".XQ"):
+                channel.queue_delete(f"{prefix}.{queue}{suffix}")
+    finally:
+        connection.close()
+
+
 @pytest.fixture(scope="session")
 def queue_prefix() -> Iterator[str]:
     prefix = f"test-{uuid.uuid4().hex[:8]}"
     yield prefix
-    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-    channel = connection.channel()
-    for queue in ("inference.ingest", "delivery.ingest"):
-        for suffix in ("", ".DQ", ".XQ"):
-            channel.queue_delete(f"{prefix}.{queue}{suffix}")
-    connection.close()
+    delete_queues(prefix)
 
 
 @dataclass(frozen=True)

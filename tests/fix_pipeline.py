@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from fix_amqp import delete_queues
 from fix_db import TenantHandle, drop_database, recreate_database
 from fix_processes import ServiceProcess, SpawnFn, free_port, start_edge
 from services.acceptance.tenants import TenantSpec, create_tenant, import_suppliers, parse_suppliers
@@ -207,6 +208,7 @@ def pipeline_factory(
         pipeline.stop()
         pool.close()
         drop_database(url)
+        delete_queues(pipeline.env["FATURA_QUEUE_PREFIX"])
 
 
 def sample_text(name: str) -> str:

@@ -33,9 +33,12 @@ from services.inference.retry import RetryPolicy
 from services.inference.settings import InferenceSettings
 from services.inference.validation import MasterSupplier, ValidationContext, normalize_tax_id, validate
 from services.limiter.client import LimiterClient
-from services.limiter.model import Denial, Grant
+from services.limiter.model import Denial, DenyReason, Grant
 
 log = logging.getLogger(__name__)
+
+# Denials that say the pool itself is full, not one tenant: no other job could be started now.
+POOL_WIDE = frozenset({DenyReason.RPM, DenyReason.TPM, DenyReason.IN_FLIGHT, DenyReason.COOLDOWN})
 Q = load_queries(Path(__file__).with_name("sql") / "inference.sql")
 
 
@@ -76,6 +79,7 @@ class Executor:
         self._owned: dict[uuid.UUID, _Owned] = {}
         self._owned_lock = threading.Lock()
         self._stopping = threading.Event()
+        self._pool_closed_until = 0.0  # monotonic; a float store is atomic under the GIL
         self._heartbeat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
         self._heartbeat.start()
 
@@ -85,6 +89,11 @@ class Executor:
 
     def wake(self) -> bool:
         """Start a slot if one frees up within the wait; False when the wake-up is dropped."""
+        if time.monotonic() < self._pool_closed_until:
+            # The limiter just said the whole pool is full or cooling down: a claim now would only
+            # lock a job, ask again and defer it. The scheduler's top-up wakes the work later.
+            metrics.CLAIMS.labels("pool_closed").inc()
+            return False
         if self._stopping.is_set() or not self._slots.acquire(timeout=self._s.slot_wait_seconds):
             return False
         try:
@@ -107,6 +116,8 @@ class Executor:
                     return
                 if isinstance(claimed, Deferred):
                     metrics.CLAIMS.labels("deferred").inc()
+                    if claimed.reason in POOL_WIDE:
+                        self._pool_closed_until = time.monotonic() + claimed.retry_after_ms / 1000
                     return
                 metrics.CLAIMS.labels("started").inc()
                 self._run(claimed)

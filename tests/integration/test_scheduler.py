@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from fix_amqp import delete_queues
 from fix_db import drop_database, recreate_database
 from fix_processes import SpawnFn, free_port
 from services.acceptance.tenants import TenantSpec, create_tenant
@@ -74,6 +75,7 @@ def test_several_schedulers_reap_each_expired_lease_and_fail_each_overdue_job_ex
     )
     # When three schedulers run at once with small batches
     schedulers = []
+    prefix = f"sched-{uuid.uuid4().hex[:6]}"
     for _ in range(3):
         port = free_port()
         scheduler = spawn(
@@ -82,7 +84,7 @@ def test_several_schedulers_reap_each_expired_lease_and_fail_each_overdue_job_ex
             FATURA_SCHEDULER_METRICS_PORT=str(port),
             FATURA_SCHEDULER_INTERVAL_SECONDS="0.05",
             FATURA_SCHEDULER_BATCH="10",
-            FATURA_QUEUE_PREFIX=f"sched-{uuid.uuid4().hex[:6]}",
+            FATURA_QUEUE_PREFIX=prefix,
         )
         schedulers.append((scheduler, port))
     for scheduler, port in schedulers:
@@ -99,6 +101,7 @@ def test_several_schedulers_reap_each_expired_lease_and_fail_each_overdue_job_ex
         time.sleep(0.2)
     for scheduler, _ in schedulers:
         scheduler.stop()
+    delete_queues(prefix)
     # Then each job was handled once: one version step, one attempt row, one event, one outbox row
     with pool.connection() as conn:
         reaped = conn.execute(
