@@ -20,6 +20,7 @@ from prometheus_client import REGISTRY
 from services.common.ops_server import start_ops_server
 from services.common.protos.fatura.limiter.v1 import limiter_pb2 as pb
 from services.common.protos.fatura.limiter.v1 import limiter_pb2_grpc as pb_grpc
+from services.common.redis_pool import connect
 from services.common.settings import CommonSettings
 from services.limiter.config import ConfigError, ConfigHolder
 from services.limiter.errors import LimiterError
@@ -27,7 +28,7 @@ from services.limiter.metrics import PoolCollector
 from services.limiter.operations import KeyLayout, LimiterOps, ServerLimits
 from services.limiter.servicer import LimiterServicer
 from services.limiter.settings import LimiterSettings
-from services.limiter.store import AsyncRedisStore, RedisStore, connect, connect_async
+from services.limiter.store import AsyncRedisStore, RedisStore, connect_async
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,6 @@ import redis
 import redis.asyncio
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from services.limiter.errors import BackendError, BackendUnavailable, LimiterError
 from services.limiter.operations import Operation
@@ -70,18 +69,6 @@ def _decode(reply: Any) -> list[Any]:
 # Fail fast: short socket timeouts and one immediate retry, because a pooled connection is stale
 # after Redis restarted. Running any script twice is safe: acquire is idempotent per request_key,
 # release per permit, throttle takes the maximum, renew and status only move forward.
-
-
-def connect(url: str, *, timeout_s: float, max_connections: int) -> redis.Redis:
-    pool = redis.BlockingConnectionPool.from_url(
-        url,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        max_connections=max_connections,
-        timeout=timeout_s,
-        retry=Retry(NoBackoff(), 1),
-    )
-    return redis.Redis(connection_pool=pool)
 
 
 def connect_async(url: str, *, timeout_s: float, max_connections: int) -> redis.asyncio.Redis:

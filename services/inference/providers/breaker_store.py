@@ -26,9 +26,8 @@ import time
 from pathlib import Path
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
+from services.common import redis_pool
 from services.inference.providers.breaker import Admission, Report, Verdict
 from services.inference.providers.settings import BreakerPolicy
 
@@ -39,17 +38,8 @@ _WARN_EVERY_S = 10.0
 
 
 def connect(url: str, *, timeout_s: float = 0.1, max_connections: int = 64) -> redis.Redis:
-    # A short timeout and one immediate retry: a pooled connection is stale after a Redis restart,
-    # and a slow Redis must not slow every provider call (the breaker then fails open).
-    pool = redis.BlockingConnectionPool.from_url(
-        url,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        max_connections=max_connections,
-        timeout=timeout_s,
-        retry=Retry(NoBackoff(), 1),
-    )
-    return redis.Redis(connection_pool=pool)
+    # A slow Redis must not slow every provider call: the breaker then fails open.
+    return redis_pool.connect(url, timeout_s=timeout_s, max_connections=max_connections)
 
 
 class RedisBreakers:
