@@ -128,29 +128,31 @@ class Scheduler:
         )
 
     def top_up(self) -> int:
+        # The advisory lock picks one leader per pass; the broker calls happen after the commit, so
+        # no transaction waits on RabbitMQ. Two leaders in a row can only send spare wake-ups,
+        # which find nothing and are dropped.
         with self._pool.connection() as conn, conn.transaction():
             leader = conn.execute(Q["try_lead"], {"key": TOPUP_LOCK_KEY}).fetchone()
             if not leader or not leader["leader"]:
                 return 0
             due = conn.execute(Q["due_jobs"], {"cap": self._s.wakeup_target}).fetchone()
-            assert due is not None
-            metrics.ELIGIBLE.set(due["due"])
-            oldest = due["oldest"]
-            metrics.OLDEST_ELIGIBLE.set((due["now"] - oldest).total_seconds() if oldest else 0)
-            if not due["due"]:
-                return 0
-            try:
-                queued = self._broker.get_queue_message_counts(self._run_queue)[0]
-                missing = max(0, int(due["due"]) - queued)
-                for _ in range(missing):
-                    self._broker.enqueue(
-                        dramatiq.Message(
-                            queue_name=self._run_queue, actor_name="run", args=(), kwargs={}, options={}
-                        )
-                    )
-            except (AMQPError, dramatiq.errors.ConnectionError) as exc:
-                log.warning("wake-up top-up failed: %s", exc)
-                return 0
+        assert due is not None
+        metrics.ELIGIBLE.set(due["due"])
+        oldest = due["oldest"]
+        metrics.OLDEST_ELIGIBLE.set((due["now"] - oldest).total_seconds() if oldest else 0)
+        if not due["due"]:
+            return 0
+        try:
+            queued = self._broker.get_queue_message_counts(self._run_queue)[0]
+            missing = max(0, int(due["due"]) - queued)
+            for _ in range(missing):
+                queue = self._run_queue
+                self._broker.enqueue(
+                    dramatiq.Message(queue_name=queue, actor_name="run", args=(), kwargs={}, options={})
+                )
+        except (AMQPError, dramatiq.errors.ConnectionError) as exc:
+            log.warning("wake-up top-up failed: %s", exc)
+            return 0
         metrics.WAKEUPS.inc(missing)
         return missing
 
