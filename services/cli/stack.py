@@ -1,15 +1,24 @@
-"""Starting, watching and stopping the local stack's processes (used by ``fatura up`` and ``fatura demo``)."""
+"""Starting, supervising and stopping the local stack's processes (``fatura up``, ``fatura demo``,
+``fatura chaos run``).
+
+Every child is ``fatura run NAME`` in its own process group. A supervised child that exits is
+started again after an exponential, jittered delay, like a process manager would: the delay
+doubles with each exit that follows a short life and starts over once a child has stayed up for
+``FATURA_RESTART_RESET_SECONDS``. Stopping the stack stops the supervision first, so nothing is
+restarted while it goes down.
+"""
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import IO
 
 import httpx
@@ -19,7 +28,7 @@ import redis
 from pika.exceptions import AMQPError
 
 from services.cli.processes import PROCESSES, ProcessSpec, by_name
-from services.common.settings import CommonSettings
+from services.common.settings import CommonSettings, SettingsError, env_float
 
 START_COMMANDS = {
     "PostgreSQL": "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
@@ -82,96 +91,321 @@ def ready_url(name: str) -> str | None:
     return by_name(name).ready_url()
 
 
+# ---------------------------------------------------------------------------------- restart policy
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How long a supervised child waits before it is started again (``FATURA_RESTART_*``)."""
+
+    base_seconds: float = 1.0
+    cap_seconds: float = 30.0
+    # A child that stayed up this long before exiting is restarted after the base delay again.
+    reset_after_seconds: float = 60.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RestartPolicy:
+        env = os.environ if env is None else env
+        base = env_float(env, "FATURA_RESTART_BASE_SECONDS", cls.base_seconds, lo=0.01, hi=3600)
+        cap = env_float(env, "FATURA_RESTART_CAP_SECONDS", cls.cap_seconds, lo=0.01, hi=86_400)
+        if cap < base:
+            raise SettingsError(
+                f"FATURA_RESTART_CAP_SECONDS={cap:g} is below FATURA_RESTART_BASE_SECONDS={base:g}"
+            )
+        reset = env_float(env, "FATURA_RESTART_RESET_SECONDS", cls.reset_after_seconds, lo=0.1, hi=86_400)
+        return cls(base, cap, reset)
+
+    def quick_exits(self, previous: int, uptime_seconds: float) -> int:
+        """The count of exits in a row that followed a short life, this one included."""
+        return 1 if uptime_seconds >= self.reset_after_seconds else previous + 1
+
+    def delay(self, quick_exits: int, rng: random.Random) -> float:
+        """Exponential in the exits in a row, capped, with jitter over its upper half: children that
+        died together do not all come back in the same instant, and none comes back at once."""
+        ceiling = min(self.cap_seconds, self.base_seconds * 2 ** min(max(quick_exits, 1) - 1, 40))
+        return rng.uniform(ceiling / 2, ceiling)
+
+
+# ---------------------------------------------------------------------------------- the supervisor
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """One child of a stack: a process of ``PROCESSES`` under a key of its own, with its settings."""
+
+    key: str
+    process: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    ready_url: str | None = None  # None: the process's own, from the current environment
+    supervised: bool = True
+
+
+@dataclass(frozen=True)
+class Restart:
+    """A supervised child's exit and the restart it was given."""
+
+    key: str
+    exit_code: int
+    uptime_seconds: float
+    delay_seconds: float
+    at: float  # wall-clock time of the exit
+    deliberate: bool  # the stack's owner killed it (Stack.kill)
+
+
 @dataclass
-class Running:
-    spec: ProcessSpec
-    process: subprocess.Popen[bytes]
+class Child:
+    spec: ChildSpec
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    quick_exits: int = 0
+    restart_at: float | None = None  # monotonic time of the pending restart
+    kill_requested: bool = False
+    exit_code: int | None = None  # of an unsupervised child that has ended
+    pids: list[int] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"{code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return str(code)
+    return str(code)
 
 
 class Stack:
-    """Child processes of the stack; each is started with ``fatura run NAME`` in its own process group."""
+    """The stack's children, supervised by a thread of their own until ``stop``.
 
-    def __init__(self, names: Sequence[str] | None = None, *, log: IO[str] | None = None) -> None:
-        self.specs = [p for p in PROCESSES if names is None or p.name in names]
-        self.running: list[Running] = []
+    ``names`` picks processes of ``PROCESSES`` with their own settings (``fatura up``); ``children``
+    gives keys, settings and readiness URLs instead (several instances, private ports).
+    """
+
+    TICK_SECONDS = 0.1
+
+    def __init__(
+        self,
+        names: Sequence[str] | None = None,
+        *,
+        children: Sequence[ChildSpec] | None = None,
+        env: Mapping[str, str] | None = None,
+        log: IO[str] | None = None,
+        policy: RestartPolicy | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if children is None:
+            children = [ChildSpec(p.name, p.name) for p in PROCESSES if names is None or p.name in names]
+        self.specs: list[ProcessSpec] = [by_name(c.process) for c in children]
+        self._children: dict[str, Child] = {}
+        for spec in children:
+            self._add_child(spec)
+        self._env = dict(env or {})
         self._log = log
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
+        self._policy = policy or RestartPolicy.from_env()
+        self._rng = rng or random.Random()
+        self._lock = threading.RLock()
+        self._print_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
+        self._pumps: list[threading.Thread] = []
+        self._width = max([len(k) for k in self._children] + [len("supervisor")])
+        self.restarts: list[Restart] = []
+
+    def _add_child(self, spec: ChildSpec) -> Child:
+        if spec.key in self._children:
+            raise ValueError(f"a child named {spec.key!r} is already in the stack")
+        by_name(spec.process)  # an unknown process name fails here, not in the child
+        child = Child(spec)
+        self._children[spec.key] = child
+        return child
+
+    # ------------------------------------------------------------ starting and adding
 
     def start(self) -> None:
-        width = max(len(s.name) for s in self.specs)
-        for spec in self.specs:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "services.cli.main", "run", spec.name],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            self.running.append(Running(spec, process))
-            thread = threading.Thread(
-                target=self._pump,
-                args=(spec.name.ljust(width), process),
-                daemon=True,
-                name=f"pump-{spec.name}",
-            )
-            thread.start()
-            self._threads.append(thread)
+        """Start every child, then supervise them until ``stop``."""
+        with self._lock:
+            for child in self._children.values():
+                if child.process is None:
+                    self._spawn(child)
+        self._supervisor = threading.Thread(target=self._supervise, daemon=True, name="stack-supervisor")
+        self._supervisor.start()
 
-    def _pump(self, label: str, process: subprocess.Popen[bytes]) -> None:
+    def add(self, spec: ChildSpec) -> Child:
+        """Start one more child now (for example a second worker, or one with a fault point set)."""
+        with self._lock:
+            if self._stopping.is_set():
+                raise RuntimeError("the stack is stopping")
+            child = self._add_child(spec)
+            self._width = max(self._width, len(spec.key))
+            self._spawn(child)
+            return child
+
+    def _spawn(self, child: Child) -> None:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "services.cli.main", "run", child.spec.process],
+            env={**os.environ, **self._env, **child.spec.env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: whatever it forks stops with it
+        )
+        child.process, child.started_at, child.restart_at = process, time.monotonic(), None
+        child.pids.append(process.pid)
+        thread = threading.Thread(
+            target=self._pump, args=(child.spec.key, process), daemon=True, name=f"pump-{child.spec.key}"
+        )
+        thread.start()
+        self._pumps.append(thread)
+
+    def _pump(self, key: str, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None
         for raw in iter(process.stdout.readline, b""):
-            line = raw.decode("utf-8", errors="replace").rstrip()
+            self._print(key, raw.decode("utf-8", errors="replace").rstrip())
+
+    def _print(self, key: str, line: str) -> None:
+        with self._print_lock:
+            target = self._log if self._log is not None else sys.stdout
+            print(f"{key.ljust(self._width)} | {line}", file=target, flush=True)
+
+    # ------------------------------------------------------------ supervision
+
+    def _supervise(self) -> None:
+        while not self._stopping.wait(self.TICK_SECONDS):
             with self._lock:
-                target = self._log if self._log is not None else sys.stdout
-                print(f"{label} | {line}", file=target, flush=True)
+                if self._stopping.is_set():
+                    return
+                for child in self._children.values():
+                    self._look_after(child)
+
+    def _look_after(self, child: Child) -> None:
+        now = time.monotonic()
+        if child.process is None:
+            return
+        if child.restart_at is not None:
+            if now >= child.restart_at:
+                self._spawn(child)
+                self._print("supervisor", f"{child.spec.key} restarted (pid {child.pid})")
+            return
+        code = child.process.poll()
+        if code is None or child.exit_code is not None:
+            return
+        _kill_group(child.process.pid, signal.SIGKILL)  # whatever it forked goes with it
+        deliberate, child.kill_requested = child.kill_requested, False
+        uptime = now - child.started_at
+        if not child.spec.supervised:
+            child.exit_code = code
+            text = f"{child.spec.key} exited with code {describe_exit(code)} (not restarted)"
+            self._print("supervisor", text)
+            return
+        child.quick_exits = self._policy.quick_exits(child.quick_exits, uptime)
+        delay = self._policy.delay(child.quick_exits, self._rng)
+        child.restart_at = now + delay
+        restart = Restart(child.spec.key, code, uptime, delay, time.time(), deliberate)
+        self.restarts.append(restart)
+        self._print(
+            "supervisor",
+            f"{child.spec.key} (pid {child.process.pid}) exited with code {describe_exit(code)} after "
+            f"{uptime:.1f}s; restarting in {delay:.2f}s (restart #{self.restart_count(child.spec.key)}"
+            f"{', killed on purpose' if deliberate else ''})",
+        )
+
+    # ------------------------------------------------------------ what the owner asks
+
+    @property
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._children)
+
+    def child(self, key: str) -> Child:
+        with self._lock:
+            return self._children[key]
+
+    def pid(self, key: str) -> int | None:
+        with self._lock:
+            child = self._children[key]
+            return child.pid if child.alive() else None
+
+    def kill(self, key: str, sig: signal.Signals = signal.SIGKILL) -> int | None:
+        """Signal a child's process group on purpose; its restart is counted as deliberate.
+        Returns the pid signalled, or None when the child was not running."""
+        with self._lock:
+            child = self._children[key]
+            if not child.alive() or child.process is None:
+                return None
+            child.kill_requested = True
+            _kill_group(child.process.pid, sig)
+            return child.process.pid
+
+    def restart_count(self, key: str) -> int:
+        return sum(1 for r in self.restarts if r.key == key)
+
+    def unexpected_restarts(self) -> list[Restart]:
+        """Restarts of children that exited on their own, not because the owner killed them."""
+        return [r for r in self.restarts if not r.deliberate]
 
     def wait_ready(
-        self, timeout: float = 60.0, progress: Callable[[str, bool], None] | None = None
+        self,
+        timeout: float = 60.0,
+        progress: Callable[[str, bool], None] | None = None,
+        keys: Sequence[str] | None = None,
     ) -> list[str]:
-        """Wait until every process answers its readiness URL; returns the names that never did."""
+        """Wait until every child (or those of ``keys``) answers its readiness URL; returns the keys
+        that never did. A supervised child that exits meanwhile is restarted and waited for."""
         deadline = time.monotonic() + timeout
-        pending = {r.spec.name for r in self.running}
+        pending = set(self.keys if keys is None else keys)
         while pending and time.monotonic() < deadline:
-            for r in self.running:
-                if r.spec.name not in pending:
-                    continue
-                if r.process.poll() is not None:
-                    return [f"{r.spec.name} exited with code {r.process.returncode}"]
-                url = ready_url(r.spec.name)
-                try:
-                    ok = url is None or httpx.get(url, timeout=1.0).status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                if ok:
-                    pending.discard(r.spec.name)
+            for key in sorted(pending):
+                if self.is_ready(key):
+                    pending.discard(key)
                     if progress is not None:
-                        progress(r.spec.name, True)
-            time.sleep(0.2)
+                        progress(key, True)
+            if pending:
+                time.sleep(0.2)
         return sorted(pending)
 
-    def first_exit(self) -> Running | None:
-        for r in self.running:
-            if r.process.poll() is not None:
-                return r
-        return None
+    def is_ready(self, key: str) -> bool:
+        child = self.child(key)
+        if not child.alive():
+            return False
+        url = child.spec.ready_url if child.spec.ready_url is not None else ready_url(child.spec.process)
+        if url is None:
+            return True
+        try:
+            return httpx.get(url, timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM every child's process group (in reverse start order), then SIGKILL stragglers."""
-        for r in reversed(self.running):
-            if r.process.poll() is None:
-                try:
-                    os.killpg(r.process.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+        """Stop supervising, then SIGTERM every child's process group (in reverse start order) and
+        SIGKILL the ones still there after ``grace`` seconds."""
+        with self._lock:
+            self._stopping.set()
+            children = list(self._children.values())
+        if self._supervisor is not None:
+            self._supervisor.join()
+        # Only the ones still running: the group of a child that ended was killed when it ended.
+        running = [c.process for c in reversed(children) if c.alive() and c.process is not None]
+        for process in running:
+            _kill_group(process.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for r in reversed(self.running):
+        for process in running:
             try:
-                r.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(r.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                r.process.wait()
-        for thread in self._threads:
+                _kill_group(process.pid, signal.SIGKILL)
+                process.wait()
+            _kill_group(process.pid, signal.SIGKILL)  # anything it forked that outlived it
+        for thread in self._pumps:
             thread.join(timeout=2.0)
+
+
+def _kill_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,4 +1,5 @@
-"""``fatura up``: every process of the local stack in the foreground; Ctrl-C stops all it started."""
+"""``fatura up``: every process of the local stack in the foreground, supervised: a child that
+exits is restarted with backoff; Ctrl-C or SIGTERM stops all it started."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import threading
 from typing import Any
 
 from services.cli.processes import PROCESSES
-from services.cli.stack import Stack, apply_local_defaults, check_dependencies
+from services.cli.stack import RestartPolicy, Stack, apply_local_defaults, check_dependencies
 from services.common.migrate import migrate
 from services.common.settings import CommonSettings
 
@@ -17,8 +18,8 @@ from services.common.settings import CommonSettings
 def register(sub: Any) -> None:
     parser: argparse.ArgumentParser = sub.add_parser(
         "up",
-        help="run the whole local stack in the foreground (Ctrl-C stops it)",
-        description="Checks PostgreSQL, RabbitMQ and Redis, applies migrations, then runs: "
+        help="run the whole local stack in the foreground, restarting a child that exits (Ctrl-C stops it)",
+        description="Checks PostgreSQL, RabbitMQ and Redis, applies migrations, then runs and supervises: "
         + "; ".join(p.description for p in PROCESSES),
     )
     parser.add_argument(
@@ -30,6 +31,7 @@ def register(sub: Any) -> None:
 def _up(args: argparse.Namespace) -> int:
     apply_local_defaults()
     settings = CommonSettings.from_env()
+    policy = RestartPolicy.from_env()
     problems = check_dependencies(settings)
     if problems:
         for line in problems:
@@ -44,25 +46,16 @@ def _up(args: argparse.Namespace) -> int:
         if unknown:
             print(f"fatura up: unknown process names {sorted(unknown)}", file=sys.stderr)
             return 2
-    stack = Stack(names)
+    stack = Stack(names, policy=policy)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     stack.start()
-    print(
-        f"fatura up: started {', '.join(r.spec.name for r in stack.running)}; Ctrl-C stops them", flush=True
-    )
-    code = 0
-    while not stop.wait(0.5):
-        exited = stack.first_exit()
-        if exited is not None:
-            print(
-                f"fatura up: {exited.spec.name} exited with code {exited.process.returncode}; "
-                "stopping the rest",
-                file=sys.stderr,
-            )
-            code = 1
-            break
+    started = ", ".join(f"{key} (pid {stack.pid(key)})" for key in stack.keys)
+    print(f"fatura up: started {started}; a child that exits is restarted; Ctrl-C stops them", flush=True)
+    stop.wait()
     print("fatura up: stopping", flush=True)
     stack.stop()
-    return code
+    restarts = len(stack.restarts)
+    print(f"fatura up: stopped ({restarts} restart{'s' if restarts != 1 else ''} while running)", flush=True)
+    return 0
