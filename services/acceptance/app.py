@@ -50,7 +50,7 @@ class Edge:
         self.settings = settings
         # Autocommit: a single read or a single-statement write is one round trip; a multi-statement
         # unit of work still opens its own transaction.
-        self.pool = async_pool(settings.common, name="http", autocommit=True)
+        self.pool = async_pool(settings.common, name="http", autocommit=True, role="edge")
         self.notifier = OutboxNotifier(self.pool)
         self.auth = Authenticator(self.pool, settings.auth_cache_seconds)
         self.parser = RequestParser(settings)

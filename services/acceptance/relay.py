@@ -18,18 +18,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import dramatiq
 import psycopg
-from dramatiq.errors import ConnectionError as BrokerConnectionError
-from pika.exceptions import AMQPError
+from dramatiq.errors import BrokerConnectionError
 from prometheus_client import Counter, Gauge
 from psycopg_pool import ConnectionPool
 
 from services.acceptance.settings import RelaySettings
-from services.common import faults
-from services.common.broker import QuorumRabbitmqBroker, make_broker
+from services.common import faults, readiness
+from services.common.broker import QuorumRabbitmqBroker, event_message, make_broker
 from services.common.db import connect, sync_pool
 from services.common.events import ROUTES, queue_name
+from services.common.failures import Failure, classify
 from services.common.ops_server import start_ops_server
 from services.common.queries import load_queries
 
@@ -90,15 +89,9 @@ class Relay:
                 continue
             try:
                 for route in routes:
+                    queue = queue_name(s.common.queue_prefix, route)
                     self.broker.enqueue(
-                        dramatiq.Message(
-                            queue_name=queue_name(s.common.queue_prefix, route),
-                            actor_name=route.actor,
-                            args=(),
-                            kwargs={"event": row["payload"]},
-                            options={},
-                            message_id=str(row["event_id"]),
-                        )
+                        event_message(queue, route.actor, row["payload"], str(row["event_id"]))
                     )
             except BrokerConnectionError as exc:
                 PUBLISH_FAILURES.inc()
@@ -131,13 +124,6 @@ class Relay:
             OLDEST_AGE.set(row["oldest_age_seconds"])
             UNPUBLISHED.set(row["unpublished"])
 
-    def keep_broker_alive(self) -> None:
-        """Let pika answer heartbeats while the relay is idle."""
-        try:
-            self.broker.connection.process_data_events(time_limit=0)
-        except (AMQPError, OSError):  # a fresh connection on the next publish is the cure
-            del self.broker.connection
-
     def run(self, stop: threading.Event) -> None:
         s = self.settings
         listener: psycopg.Connection[Any] | None = None
@@ -145,20 +131,27 @@ class Relay:
         while not stop.is_set():
             try:
                 if listener is None or listener.closed:
-                    listener = connect(s.common, autocommit=True)
+                    listener = connect(s.common, autocommit=True, role="relay", name="relay-listener")
                     listener.execute(Q["listen"])
                 claimed = self.relay_once()
                 self.update_backlog_metrics(force=claimed == 0)
                 failures = 0
                 if claimed >= s.batch_size:
                     continue
-                self.keep_broker_alive()
+                self.broker.keep_alive()
                 for _ in listener.notifies(timeout=s.sweep_interval_seconds, stop_after=1):
                     pass
-            except (psycopg.Error, BrokerConnectionError) as exc:
+            except Exception as exc:
+                # Whatever it was, the relay keeps relaying: a dependency blip is weather, and an
+                # unexpected error is logged with its traceback and retried after the same backoff.
                 failures += 1
                 delay = random.uniform(0, min(10.0, 0.2 * 2**failures))
-                log.warning("relay loop failed (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay)
+                if classify(exc) is Failure.TRANSIENT:
+                    log.warning(
+                        "relay loop failed (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay
+                    )
+                else:
+                    log.exception("relay loop failed unexpectedly; retrying in %.1fs", delay)
                 if listener is not None:
                     listener.close()
                     listener = None
@@ -179,14 +172,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     broker = make_broker(settings.common)
-    with sync_pool(settings.common, name="relay", max_size=3) as pool:
+    with sync_pool(settings.common, name="relay", max_size=3, role="relay") as pool:
         relay = Relay(settings, pool, broker)
-
-        def ready() -> str | None:
-            with pool.connection(timeout=2) as conn:
-                conn.execute("SELECT 1")
-            return None
-
+        ready = readiness.all_of(readiness.postgres(pool), readiness.rabbitmq(settings.common.amqp_url))
         ops = start_ops_server(settings.metrics_port, ready) if settings.metrics_port else None
         log.info("outbox relay %s started (batch %d)", settings.relay_id, settings.batch_size)
         try:

@@ -1,7 +1,15 @@
-"""psycopg 3 connection pools with dict rows; nothing connects until a pool is opened."""
+"""psycopg 3 connection pools with dict rows; nothing connects until a pool is opened.
+
+Every session carries limits for its role, so no session can hang the system (DESIGN §5.12): a
+statement or a lock wait that runs too long is cancelled, a transaction left idle (a frozen
+process) is ended and its locks released, and TCP keepalives plus a user timeout notice a peer
+that vanished without a word. A cut connection then fails fast and the caller's failure class
+(transient) decides what happens next.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg import AsyncConnection, Connection
@@ -14,11 +22,65 @@ SyncPool = ConnectionPool[Connection[DictRow]]
 AsyncPool = AsyncConnectionPool[AsyncConnection[DictRow]]
 
 
-def _kwargs(name: str, autocommit: bool = False) -> dict[str, Any]:
-    return {"application_name": f"fatura-{name}", "row_factory": dict_row, "autocommit": autocommit}
+@dataclass(frozen=True)
+class SessionLimits:
+    """Milliseconds; 0 is no limit."""
+
+    statement_timeout_ms: int
+    lock_timeout_ms: int
+    idle_in_transaction_ms: int
 
 
-def sync_pool(settings: CommonSettings, *, name: str, max_size: int | None = None) -> SyncPool:
+# By role: the edge answers people, so it gives up soonest; workers and the relay write short
+# transactions; the schedulers' passes read more; admin (migrations, CLI, tests) is unlimited.
+ROLE_LIMITS: dict[str, SessionLimits] = {
+    "edge": SessionLimits(statement_timeout_ms=5_000, lock_timeout_ms=2_000, idle_in_transaction_ms=10_000),
+    "worker": SessionLimits(
+        statement_timeout_ms=15_000, lock_timeout_ms=5_000, idle_in_transaction_ms=30_000
+    ),
+    "relay": SessionLimits(statement_timeout_ms=15_000, lock_timeout_ms=5_000, idle_in_transaction_ms=30_000),
+    "scheduler": SessionLimits(
+        statement_timeout_ms=30_000, lock_timeout_ms=5_000, idle_in_transaction_ms=60_000
+    ),
+    "admin": SessionLimits(statement_timeout_ms=0, lock_timeout_ms=0, idle_in_transaction_ms=0),
+}
+
+# libpq: probe an idle connection after 5 s, every 2 s, give up after 3 misses; unacknowledged
+# writes fail after 10 s (tcp_user_timeout), and a connect attempt after 5 s.
+KEEPALIVES: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+    "connect_timeout": 5,
+}
+
+
+def session_kwargs(name: str, role: str, *, autocommit: bool = False) -> dict[str, Any]:
+    """Connection arguments for a session of ``role`` (a key of ``ROLE_LIMITS``)."""
+    limits = ROLE_LIMITS[role]
+    options = (
+        f"-c statement_timeout={limits.statement_timeout_ms} -c lock_timeout={limits.lock_timeout_ms} "
+        f"-c idle_in_transaction_session_timeout={limits.idle_in_transaction_ms}"
+    )
+    return {
+        "application_name": f"fatura-{name}",
+        "row_factory": dict_row,
+        "autocommit": autocommit,
+        "options": options,
+        **KEEPALIVES,
+    }
+
+
+def sync_pool(
+    settings: CommonSettings,
+    *,
+    name: str,
+    max_size: int | None = None,
+    role: str = "admin",
+    autocommit: bool = False,
+) -> SyncPool:
     """A blocking pool (relay, CLI, workers). Call ``open()`` or use it as a context manager."""
     size = max_size or settings.db_pool_max
     return ConnectionPool(
@@ -26,15 +88,22 @@ def sync_pool(settings: CommonSettings, *, name: str, max_size: int | None = Non
         connection_class=Connection[DictRow],
         min_size=min(settings.db_pool_min, size),
         max_size=size,
-        kwargs=_kwargs(name),
+        kwargs=session_kwargs(name, role, autocommit=autocommit),
         name=name,
         open=False,
         timeout=10.0,
+        # Keep trying to reconnect through a long outage instead of giving up after 5 minutes.
+        reconnect_timeout=3600.0,
     )
 
 
 def async_pool(
-    settings: CommonSettings, *, name: str, max_size: int | None = None, autocommit: bool = False
+    settings: CommonSettings,
+    *,
+    name: str,
+    max_size: int | None = None,
+    autocommit: bool = False,
+    role: str = "admin",
 ) -> AsyncPool:
     """An asyncio pool (HTTP edge). Open it in the application's lifespan."""
     size = max_size or settings.db_pool_max
@@ -43,13 +112,16 @@ def async_pool(
         connection_class=AsyncConnection[DictRow],
         min_size=min(settings.db_pool_min, size),
         max_size=size,
-        kwargs=_kwargs(name, autocommit),
+        kwargs=session_kwargs(name, role, autocommit=autocommit),
         name=name,
         open=False,
         timeout=10.0,
+        reconnect_timeout=3600.0,
     )
 
 
-def connect(settings: CommonSettings, *, autocommit: bool = False) -> Connection[DictRow]:
+def connect(
+    settings: CommonSettings, *, autocommit: bool = False, role: str = "admin", name: str = "cli"
+) -> Connection[DictRow]:
     """A single connection with dict rows, for short CLI tasks and listeners."""
-    return Connection.connect(settings.database_url, autocommit=autocommit, row_factory=dict_row)
+    return Connection.connect(settings.database_url, **session_kwargs(name, role, autocommit=autocommit))

@@ -23,16 +23,36 @@ class Route:
     actor: str
 
 
+# Every queue a service consumes: its events in, and its wake-ups.
+INFERENCE_INGEST = Route("inference.ingest", "ingest")
+INFERENCE_RUN = Route("inference.run", "run")
+DELIVERY_INGEST = Route("delivery.ingest", "ingest")
+DELIVERY_DELIVER = Route("delivery.deliver", "deliver")
+SERVICE_ROUTES: dict[str, tuple[Route, ...]] = {
+    "inference": (INFERENCE_INGEST, INFERENCE_RUN),
+    "delivery": (DELIVERY_INGEST, DELIVERY_DELIVER),
+}
+
 # Event type -> every consumer that must receive it. An event type with no route is a bug in the
 # writer, and the relay refuses to mark it published.
 ROUTES: dict[str, tuple[Route, ...]] = {
-    EXTRACTION_REQUESTED: (Route("inference.ingest", "ingest"),),
-    EXTRACTION_CANCELLED: (Route("inference.ingest", "ingest"),),
-    EXTRACTION_COMPLETED: (Route("delivery.ingest", "ingest"),),
-    EXTRACTION_REVIEW_REQUIRED: (Route("delivery.ingest", "ingest"),),
-    EXTRACTION_FAILED: (Route("delivery.ingest", "ingest"),),
+    EXTRACTION_REQUESTED: (INFERENCE_INGEST,),
+    EXTRACTION_CANCELLED: (INFERENCE_INGEST,),
+    EXTRACTION_COMPLETED: (DELIVERY_INGEST,),
+    EXTRACTION_REVIEW_REQUIRED: (DELIVERY_INGEST,),
+    EXTRACTION_FAILED: (DELIVERY_INGEST,),
 }
 
 
 def queue_name(prefix: str, route: Route) -> str:
     return f"{prefix}.{route.queue}"
+
+
+def event_types_for(route: Route) -> frozenset[str]:
+    """The event types the relay sends to ``route``."""
+    return frozenset(t for t, routes in ROUTES.items() if route in routes)
+
+
+def all_queues(prefix: str) -> list[str]:
+    """Every queue the services consume under ``prefix``."""
+    return [queue_name(prefix, r) for routes in SERVICE_ROUTES.values() for r in routes]

@@ -1,50 +1,28 @@
 """Event messages as consumers receive them: parsed, checked, and refused with a reason when bad.
 
 The relay sends every event as one keyword argument, ``event``: ids and versions only (DESIGN §5.3).
-A message that is malformed, of an unknown type or version, or oversized is refused: the reason is
-written to ``dead_letters`` and counted, and the actor raises ``BadMessage`` so the broker
-dead-letters the message (Retries with ``max_retries=0`` nacks it). It never crashes a worker or
-blocks the queue, and nothing else changes.
+A message that is malformed, of an unknown type or version, or oversized raises ``BadMessage`` (a
+``Poison``): the ``Redelivery`` middleware records it in ``dead_letters`` with its reason and takes
+it off the queue. It never crashes a worker or blocks the queue, and nothing else changes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import psycopg
-from prometheus_client import Counter
-from psycopg_pool import ConnectionPool
-
-from services.common.queries import load_queries
-
-log = logging.getLogger(__name__)
-Q = load_queries(Path(__file__).with_name("sql") / "messages.sql")
+from services.common.failures import Poison
 
 MAX_EVENT_BYTES = 8 * 1024
-_BODY_EXCERPT = 2_000
-
-BAD_MESSAGES = Counter(
-    "fatura_bad_messages_total",
-    "Broker messages refused by a consumer and dead-lettered, by queue and reason",
-    ["queue", "reason"],
-)
 
 
-class BadMessage(Exception):
+class BadMessage(Poison):
     """A message no consumer can act on. ``reason`` is a short code: malformed, unknown_type,
-    unknown_version, too_large."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+    unknown_version, too_large, or what the consumer found wrong with it."""
 
 
 @dataclass(frozen=True)
@@ -108,30 +86,3 @@ def parse_event(event: Any, accepted_types: Collection[str]) -> EventMessage:
         state_version=version,
         payload=event,
     )
-
-
-def reject(
-    pool: ConnectionPool[Any], queue: str, actor: str, message_id: str | None, error: BadMessage, body: Any
-) -> None:
-    """Record why a message is refused (best effort: the refusal stands even if this fails)."""
-    BAD_MESSAGES.labels(queue, error.reason).inc()
-    log.warning("refusing message %s on %s: %s", message_id, queue, error)
-    try:
-        text = json.dumps(body, default=str)
-    except (TypeError, ValueError):
-        text = repr(body)
-    try:
-        with pool.connection() as conn:
-            conn.execute(
-                Q["record_dead_letter"],
-                {
-                    "queue": queue,
-                    "actor": actor,
-                    "message_id": message_id,
-                    "reason": error.reason,
-                    "detail": error.detail,
-                    "body": text[:_BODY_EXCERPT],
-                },
-            )
-    except psycopg.Error as exc:
-        log.error("could not record the refusal of message %s: %s", message_id, exc)

@@ -69,6 +69,16 @@ class CommonSettings:
     db_pool_max: int = 10
     faults: frozenset[str] = field(default_factory=frozenset)
     log_level: str = "INFO"
+    # A message whose consumer met a transient failure comes back after full-jitter backoff
+    # between these bounds; an unexpected error is redelivered this many times, then dead-lettered.
+    redelivery_min_ms: int = 500
+    redelivery_max_ms: int = 30_000
+    unexpected_redeliveries: int = 5
+    # The reconciler re-drives an event no consumer took in once it is this old (and no older than
+    # the horizon when the process starts); dead letters are kept this many days.
+    reconcile_grace_seconds: float = 60.0
+    reconcile_horizon_seconds: float = 3600.0
+    dead_letter_retention_days: float = 14.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CommonSettings:
@@ -80,6 +90,7 @@ class CommonSettings:
         if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             raise SettingsError(f"FATURA_LOG_LEVEL={level!r} is not one of DEBUG, INFO, WARNING, ERROR")
         pool_min = env_int(env, "FATURA_DB_POOL_MIN", cls.db_pool_min, lo=0, hi=200)
+        redelivery_min = env_int(env, "FATURA_REDELIVERY_MIN_MS", cls.redelivery_min_ms, lo=10, hi=600_000)
         return cls(
             database_url=env_str(env, "FATURA_DATABASE_URL", cls.database_url),
             amqp_url=env_str(env, "FATURA_AMQP_URL", cls.amqp_url),
@@ -89,4 +100,20 @@ class CommonSettings:
             db_pool_max=env_int(env, "FATURA_DB_POOL_MAX", cls.db_pool_max, lo=max(1, pool_min), hi=200),
             faults=env_set(env, "FATURA_FAULTS"),
             log_level=level,
+            redelivery_min_ms=redelivery_min,
+            redelivery_max_ms=env_int(
+                env, "FATURA_REDELIVERY_MAX_MS", cls.redelivery_max_ms, lo=redelivery_min, hi=3_600_000
+            ),
+            unexpected_redeliveries=env_int(
+                env, "FATURA_UNEXPECTED_REDELIVERIES", cls.unexpected_redeliveries, lo=0, hi=100
+            ),
+            reconcile_grace_seconds=env_float(
+                env, "FATURA_RECONCILE_GRACE_SECONDS", cls.reconcile_grace_seconds, lo=0.5, hi=86_400
+            ),
+            reconcile_horizon_seconds=env_float(
+                env, "FATURA_RECONCILE_HORIZON_SECONDS", cls.reconcile_horizon_seconds, lo=1, hi=30 * 86_400
+            ),
+            dead_letter_retention_days=env_float(
+                env, "FATURA_DEAD_LETTER_RETENTION_DAYS", cls.dead_letter_retention_days, lo=0.01, hi=3650
+            ),
         )

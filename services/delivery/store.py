@@ -14,14 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from psycopg import Connection
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from services.common.db import SyncPool
 from services.common.messages import BadMessage, EventMessage
 from services.common.queries import load_queries
-from services.common.settings import CommonSettings
 from services.delivery import metrics, outcomes, payload, signing
 from services.delivery.outcomes import AttemptResult, Decision
 from services.delivery.settings import DeliverySettings
@@ -30,27 +28,14 @@ log = logging.getLogger(__name__)
 Q = load_queries(Path(__file__).with_name("sql") / "delivery.sql")
 
 
-def autocommit_pool(common: CommonSettings, *, name: str, max_size: int) -> SyncPool:
-    """The worker's pool: autocommit, so a single-statement write is one round trip; the
-    multi-statement steps open their own transaction."""
-    return ConnectionPool(
-        common.database_url,
-        connection_class=Connection[DictRow],
-        min_size=min(common.db_pool_min, max_size),
-        max_size=max_size,
-        kwargs={"application_name": f"fatura-{name}", "row_factory": dict_row, "autocommit": True},
-        name=name,
-        open=False,
-        timeout=10.0,
-    )
-
-
 def ingest(pool: ConnectionPool[Any], event: EventMessage) -> list[uuid.UUID]:
     """Dedup the event by id and create one delivery per matching endpoint; returns those to wake.
 
     A replay of an event already taken in returns nothing (its deliveries exist and the scheduler
-    wakes any that were not woken). The same id with a different payload is quarantined.
+    wakes any that were not woken). The same id with a different payload is quarantined (committed)
+    and then refused as poison, so it is also a dead letter an operator sees.
     """
+    conflict = False
     with pool.connection() as conn, conn.transaction():
         params = {"event_id": event.event_id, "job_id": event.job_id, "digest": event.digest}
         if conn.execute(Q["inbox_insert"], params).fetchone() is None:
@@ -62,63 +47,74 @@ def ingest(pool: ConnectionPool[Any], event: EventMessage) -> list[uuid.UUID]:
                     Q["quarantine"],
                     {**params, "payload": Jsonb(event.payload), "reason": "same event id, different payload"},
                 )
+                conflict = True
             else:
                 metrics.DUPLICATE_EVENTS.inc()
-            return []
-        row = conn.execute(
-            Q["job_for_event"], {"job_id": event.job_id, "state_version": event.state_version}
-        ).fetchone()
-        if row is None:
-            raise BadMessage("unknown_job", f"job {event.job_id} does not exist")
-        job: dict[str, Any] = row["job"]
-        if job.get("tenant_id") != str(event.tenant_id):
-            raise BadMessage("tenant_mismatch", f"job {event.job_id} belongs to another tenant")
-        recorded = row["recorded_state"]
-        if recorded is not None and recorded != event.state:
-            raise BadMessage(
-                "state_mismatch",
-                f"job {event.job_id} was {recorded} at version {event.state_version}, not {event.state}",
-            )
-        if int(job.get("state_version") or 0) < event.state_version:
-            raise BadMessage(
-                "from_the_future", f"job {event.job_id} has not reached version {event.state_version}"
-            )
-        body = payload.event_body(
-            event_id=event.event_id,
-            event_type=event.event_type,
-            tenant_id=event.tenant_id,
-            job_id=event.job_id,
-            state=event.state,
-            state_version=event.state_version,
-            occurred_at=row["occurred_at"] or datetime.now(UTC),
-            job=job,
+                return []
+        else:
+            return _create_deliveries(conn, event)
+    if conflict:
+        raise BadMessage(
+            "digest_conflict",
+            f"event {event.event_id} arrived again with a different payload; the first one stands",
         )
-        woken: list[uuid.UUID] = []
-        endpoints = conn.execute(
-            Q["matching_endpoints"], {"tenant_id": event.tenant_id, "event_type": event.event_type}
-        ).fetchall()
-        for endpoint in endpoints:
-            enabled = endpoint["state"] == "enabled"
-            created = conn.execute(
-                Q["insert_delivery"],
-                {
-                    "delivery_id": signing.delivery_id(event.event_id, endpoint["id"]),
-                    "event_id": event.event_id,
-                    "event_type": event.event_type,
-                    "endpoint_id": endpoint["id"],
-                    "tenant_id": event.tenant_id,
-                    "job_id": event.job_id,
-                    "body": body,
-                    "state": "pending" if enabled else "failed",
-                    "reason": None
-                    if enabled
-                    else "endpoint_disabled: created while the endpoint was disabled",
-                },
-            ).fetchone()
-            if created is not None and created["state"] == "pending":
-                woken.append(created["delivery_id"])
-        metrics.DELIVERIES_CREATED.inc(len(endpoints))
-        return woken
+    return []
+
+
+def _create_deliveries(conn: Connection[DictRow], event: EventMessage) -> list[uuid.UUID]:
+    """The deliveries of a newly taken-in event, one per matching endpoint, inside its transaction."""
+    row = conn.execute(
+        Q["job_for_event"], {"job_id": event.job_id, "state_version": event.state_version}
+    ).fetchone()
+    if row is None:
+        raise BadMessage("unknown_job", f"job {event.job_id} does not exist")
+    job: dict[str, Any] = row["job"]
+    if job.get("tenant_id") != str(event.tenant_id):
+        raise BadMessage("tenant_mismatch", f"job {event.job_id} belongs to another tenant")
+    recorded = row["recorded_state"]
+    if recorded is not None and recorded != event.state:
+        raise BadMessage(
+            "state_mismatch",
+            f"job {event.job_id} was {recorded} at version {event.state_version}, not {event.state}",
+        )
+    if int(job.get("state_version") or 0) < event.state_version:
+        raise BadMessage(
+            "from_the_future", f"job {event.job_id} has not reached version {event.state_version}"
+        )
+    body = payload.event_body(
+        event_id=event.event_id,
+        event_type=event.event_type,
+        tenant_id=event.tenant_id,
+        job_id=event.job_id,
+        state=event.state,
+        state_version=event.state_version,
+        occurred_at=row["occurred_at"] or datetime.now(UTC),
+        job=job,
+    )
+    woken: list[uuid.UUID] = []
+    endpoints = conn.execute(
+        Q["matching_endpoints"], {"tenant_id": event.tenant_id, "event_type": event.event_type}
+    ).fetchall()
+    for endpoint in endpoints:
+        enabled = endpoint["state"] == "enabled"
+        created = conn.execute(
+            Q["insert_delivery"],
+            {
+                "delivery_id": signing.delivery_id(event.event_id, endpoint["id"]),
+                "event_id": event.event_id,
+                "event_type": event.event_type,
+                "endpoint_id": endpoint["id"],
+                "tenant_id": event.tenant_id,
+                "job_id": event.job_id,
+                "body": body,
+                "state": "pending" if enabled else "failed",
+                "reason": None if enabled else "endpoint_disabled: created while the endpoint was disabled",
+            },
+        ).fetchone()
+        if created is not None and created["state"] == "pending":
+            woken.append(created["delivery_id"])
+    metrics.DELIVERIES_CREATED.inc(len(endpoints))
+    return woken
 
 
 @dataclass(frozen=True)

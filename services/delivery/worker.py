@@ -4,6 +4,8 @@
 and wakes ``deliver``. ``deliver`` claims one due delivery under a fence, signs the frozen body,
 POSTs it through the egress guard, and records the attempt under that fence. Messages are
 wake-ups: the database decides what is sent. The model is never called again for a delivery.
+A message whose handling failed is the ``Redelivery`` middleware's to decide (dead letter for a bad
+one, redelivery with backoff when a dependency was away).
 """
 
 from __future__ import annotations
@@ -12,32 +14,33 @@ import logging
 import threading
 import time
 import uuid
+from functools import partial
 from typing import Any
 
 import dramatiq
-from dramatiq.errors import ConnectionError as BrokerConnectionError
-from dramatiq.middleware import CurrentMessage
+from dramatiq.errors import BrokerConnectionError
 
-from services.common import faults
+from services.common import deadletters, events, faults, readiness
 from services.common.broker import QuorumRabbitmqBroker, make_broker
-from services.common.db import SyncPool
-from services.common.messages import BadMessage, parse_event, reject
+from services.common.db import SyncPool, sync_pool
+from services.common.failures import is_transient
+from services.common.messages import BadMessage, parse_event
 from services.common.worker import run_worker, stop_on_signals
 from services.delivery import metrics, outcomes, payload, signing, store
 from services.delivery.egress import EgressGuard
+from services.delivery.outcomes import AttemptResult, Decision
 from services.delivery.sender import Sender
 from services.delivery.settings import DeliverySettings
-from services.delivery.store import autocommit_pool
 
 log = logging.getLogger(__name__)
 
 
 def ingest_queue(prefix: str) -> str:
-    return f"{prefix}.delivery.ingest"
+    return events.queue_name(prefix, events.DELIVERY_INGEST)
 
 
 def deliver_queue(prefix: str) -> str:
-    return f"{prefix}.delivery.deliver"
+    return events.queue_name(prefix, events.DELIVERY_DELIVER)
 
 
 def deliver_message(prefix: str, delivery_id: uuid.UUID) -> dramatiq.Message[Any]:
@@ -48,11 +51,6 @@ def deliver_message(prefix: str, delivery_id: uuid.UUID) -> dramatiq.Message[Any
         kwargs={},
         options={},
     )
-
-
-def _message_id() -> str | None:
-    message = CurrentMessage.get_current_message()
-    return None if message is None else str(message.message_id)
 
 
 class DeliveryWorker:
@@ -77,12 +75,8 @@ class DeliveryWorker:
         deliver(self.deliver)
 
     def ingest(self, event: Any = None) -> None:
-        try:
-            message = parse_event(event, payload.EVENT_TYPES)
-            woken = store.ingest(self.pool, message)
-        except BadMessage as exc:
-            reject(self.pool, self.ingest_queue, "ingest", _message_id(), exc, event)
-            raise
+        message = parse_event(event, payload.EVENT_TYPES)
+        woken = store.ingest(self.pool, message)
         try:
             for delivery_id in woken:
                 self.broker.enqueue(deliver_message(self.settings.common.queue_prefix, delivery_id))
@@ -94,9 +88,7 @@ class DeliveryWorker:
         try:
             parsed = uuid.UUID(str(delivery_id))
         except ValueError:
-            error = BadMessage("malformed", f"delivery_id is not a UUID: {str(delivery_id)[:64]!r}")
-            reject(self.pool, self.deliver_queue, "deliver", _message_id(), error, delivery_id)
-            raise error from None
+            raise BadMessage("malformed", f"delivery_id is not a UUID: {str(delivery_id)[:64]!r}") from None
         self.deliver_one(parsed)
 
     def deliver_one(self, delivery_id: uuid.UUID) -> bool:
@@ -111,9 +103,28 @@ class DeliveryWorker:
         metrics.POST_SECONDS.observe(result.latency_ms / 1000)
         faults.point(s.common.faults, faults.CRASH_AFTER_WEBHOOK_POST)
         decision = outcomes.decide(result, claim.round_attempt, scale=s.retry_scale)
-        store.record(self.pool, claim, result, decision, s)
+        self._record(claim, result, decision)
         log.info("delivery %s attempt %d: %s (%s)", msg_id, claim.attempt, decision.state, decision.reason)
         return True
+
+    def _record(self, claim: store.Claim, result: AttemptResult, decision: Decision) -> None:
+        """Record the attempt, waiting out a database blip while the claim's lease lasts: the POST
+        was made, and an unrecorded attempt would be sent again after the lease."""
+        # The claim was taken just before the POST; its lease runs out about this much later.
+        lease_end = time.monotonic() + self.settings.lease_seconds - (result.latency_ms or 0) / 1000 - 1.0
+        delay = 0.2
+        while True:
+            try:
+                store.record(self.pool, claim, result, decision, self.settings)
+                return
+            except Exception as exc:
+                if not is_transient(exc) or time.monotonic() + delay >= lease_end:
+                    raise
+                log.warning(
+                    "delivery %s: recording its attempt failed (%s); retrying", claim.delivery_id, exc
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
 
 def main() -> int:
@@ -124,14 +135,15 @@ def main() -> int:
     broker = make_broker(settings.common)
     sender = Sender(EgressGuard(settings.egress_allow), settings.limits)
     pool_size = settings.worker_threads + 2
-    with autocommit_pool(settings.common, name="delivery-worker", max_size=pool_size) as pool:
+    # Autocommit: a single-statement write is one round trip; multi-statement steps open their own
+    # transaction.
+    with sync_pool(
+        settings.common, name="delivery-worker", max_size=pool_size, role="worker", autocommit=True
+    ) as pool:
+        broker.redelivery.dead_letter = partial(deadletters.record, pool)
         worker = DeliveryWorker(settings, pool, broker, sender)
         worker.declare()
-
-        def ready() -> str | None:
-            with pool.connection(timeout=2) as conn:
-                conn.execute("SELECT 1")
-            return None
+        ready = readiness.all_of(readiness.postgres(pool), readiness.rabbitmq(settings.common.amqp_url))
 
         return run_worker(
             broker,

@@ -43,6 +43,8 @@ EVENT_FOR_STATE: dict[str, str | None] = {
 
 # Asks the limiter for a permit for (tenant, estimated input tokens).
 Acquire = Callable[[uuid.UUID, int], Grant | Denial]
+# Gives back a permit granted inside a claim that then failed to commit (nothing was sent).
+ReleaseUnused = Callable[[Grant], None]
 
 
 @dataclass(frozen=True)
@@ -105,9 +107,26 @@ class Claims:
         self._lease_seconds = lease_seconds
         self._aging = timedelta(seconds=aging_seconds)
 
-    def claim(self, acquire: Acquire) -> Started | Deferred | None:
+    def claim(self, acquire: Acquire, release_unused: ReleaseUnused) -> Started | Deferred | None:
         """Start the next job by fair share, defer it when the limiter says no, or None when no
-        tenant has a job due."""
+        tenant has a job due. A permit granted inside a claim whose transaction fails is released
+        as not sent."""
+        granted: list[Grant] = []
+
+        def acquire_once(tenant_id: uuid.UUID, tokens: int) -> Grant | Denial:
+            decision = acquire(tenant_id, tokens)
+            if isinstance(decision, Grant):
+                granted.append(decision)
+            return decision
+
+        try:
+            return self._claim(acquire_once)
+        except BaseException:
+            for grant in granted:
+                release_unused(grant)
+            raise
+
+    def _claim(self, acquire: Acquire) -> Started | Deferred | None:
         with unit_of_work(self._pool) as uow:
             loads = [TenantLoad(**_load_fields(row)) for row in uow.execute(Q["tenant_loads"]).fetchall()]
             if not loads:

@@ -13,39 +13,45 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from psycopg_pool import ConnectionPool
 
 from services.common import faults
+from services.common.failures import is_transient
 from services.common.queries import load_queries
 from services.inference import metrics
-from services.inference.claims import Claims, Deferred, Started
+from services.inference.claims import ClaimedJob, Claims, Completion, Deferred, Started
 from services.inference.outcomes import WORKER_ERROR, decide
 from services.inference.permits import AttemptPermits
 from services.inference.prompt import build_messages
 from services.inference.providers.base import Provider, ProviderRequest, ProviderResult
+from services.inference.providers.cancel import CallScope
 from services.inference.retry import RetryPolicy
 from services.inference.settings import InferenceSettings
 from services.inference.validation import MasterSupplier, ValidationContext, normalize_tax_id, validate
 from services.limiter.client import LimiterClient
-from services.limiter.model import Denial, DenyReason, Grant
+from services.limiter.errors import LimiterError
+from services.limiter.model import Denial, DenyReason, Grant, Outcome
 
 log = logging.getLogger(__name__)
 
 # Denials that say the pool itself is full, not one tenant: no other job could be started now.
 POOL_WIDE = frozenset({DenyReason.RPM, DenyReason.TPM, DenyReason.IN_FLIGHT, DenyReason.COOLDOWN})
 Q = load_queries(Path(__file__).with_name("sql") / "inference.sql")
+T = TypeVar("T")
 
 
 @dataclass
 class _Owned:
     fence: int
     permits: AttemptPermits
+    call: CallScope
 
 
 class Executor:
@@ -110,7 +116,7 @@ class Executor:
     def _slot(self) -> None:
         try:
             while not self._stopping.is_set():
-                claimed = self._claims.claim(self._acquire)
+                claimed = self._claims.claim(self._acquire, self._release_unused)
                 if claimed is None:
                     metrics.CLAIMS.labels("nothing_due").inc()
                     return
@@ -137,6 +143,15 @@ class Executor:
             lease_ms=self.lease_ms,
         )
 
+    def _release_unused(self, grant: Grant) -> None:
+        """A permit granted inside a claim whose transaction then failed: nothing was sent."""
+        try:
+            self._limiter.release(grant.permit_id, Outcome.NOT_SENT)
+        except LimiterError as exc:
+            log.warning(
+                "could not release unused permit %s (its lease will end it): %s", grant.permit_id, exc
+            )
+
     def _run(self, started: Started) -> None:
         job = started.job
         permits = AttemptPermits(
@@ -148,18 +163,22 @@ class Executor:
             primary_pool=self._s.limiter_pool,
             primary=started.grant,
         )
+        call = CallScope()
         with self._owned_lock:
-            self._owned[job.job_id] = _Owned(job.fence, permits)
+            self._owned[job.job_id] = _Owned(job.fence, permits, call)
         metrics.IN_FLIGHT.inc()
         t0 = time.monotonic()
         try:
-            text, context = self._context(job.job_id, job.tenant_id)
+            text, context = self._through_blips(
+                f"job {job.job_id}: reading its document", lambda: self._context(job.job_id, job.tenant_id)
+            )
             request = ProviderRequest(
                 model=self._s.model,
                 messages=build_messages(text, job.schema_version),
                 max_output_tokens=self._s.max_output_tokens,
                 deadline_s=self._s.attempt_deadline_seconds,
                 request_id=f"{job.job_id}:{job.attempt}",
+                cancel=call,
             )
             try:
                 result = self._provider.complete(request, permits)
@@ -169,7 +188,7 @@ class Executor:
             faults.point(self._s.common.faults, faults.CRASH_AFTER_PROVIDER_RESPONSE)
             verdict = validate(result.content, context) if result.content is not None else None
             completion = decide(job, result, verdict, datetime.now(UTC), self._policy)
-            self._claims.complete(job, completion)
+            self._complete(job, completion)
             metrics.ATTEMPTS.labels(completion.state).inc()
         finally:
             permits.close()
@@ -177,6 +196,27 @@ class Executor:
                 self._owned.pop(job.job_id, None)
             metrics.IN_FLIGHT.dec()
             metrics.ATTEMPT_SECONDS.observe(time.monotonic() - t0)
+
+    def _complete(self, job: ClaimedJob, completion: Completion) -> None:
+        # The call was made (and may be billed): its answer is worth keeping through a blip.
+        self._through_blips(
+            f"job {job.job_id}: writing its outcome", lambda: self._claims.complete(job, completion)
+        )
+
+    def _through_blips(self, what: str, step: Callable[[], T]) -> T:
+        """Run one database step of an owned job, waiting out a transient failure (with backoff)
+        for as long as the job's lease could still hold; after that the reaper owns the job."""
+        give_up = time.monotonic() + self._s.lease_seconds
+        delay = 0.2
+        while True:
+            try:
+                return step()
+            except Exception as exc:
+                if not is_transient(exc) or time.monotonic() + delay >= give_up or self._stopping.is_set():
+                    raise
+                log.warning("%s failed (%s: %s); retrying in %.1fs", what, type(exc).__name__, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     def _context(self, job_id: uuid.UUID, tenant_id: uuid.UUID) -> tuple[str, ValidationContext]:
         with self._pool.connection() as conn:
@@ -205,7 +245,10 @@ class Executor:
                 continue
             for job_id in lost:
                 metrics.LEASES_LOST.inc()
-                log.warning("job %s: lease lost; its completion will be refused", job_id)
+                log.warning("job %s: lease lost or job cancelled; its call is cut", job_id)
+                # Nobody owns the call any more: cut it, so its permit is released now rather
+                # than held (and renewed by nobody) until the provider answers.
+                owned[job_id].call.cancel()
             for job_id, o in owned.items():
                 if job_id not in lost:
                     o.permits.renew()

@@ -3,8 +3,10 @@
 Every pass: the reaper moves RUNNING jobs whose lease expired to RETRY_SCHEDULED (fence + 1, the
 attempt kept) or to FAILED_TERMINAL when the budget or the deadline is gone; jobs past their
 deadline fail; and the wake-up top-up keeps enough ``run`` wake-ups queued for the jobs that are
-due, which is what makes every eligible job run even when messages were lost. Several schedulers
-may run at once: rows are locked with SKIP LOCKED and one leader per pass does the top-up.
+due, which is what makes every eligible job run even when messages were lost. Every few passes
+the reconciler publishes again a requested event the execution inbox never recorded, and what
+RabbitMQ dead-lettered is moved into ``dead_letters``. Several schedulers may run at once: rows
+are locked with SKIP LOCKED and one leader per pass does the top-up. No failure ends the loop.
 """
 
 from __future__ import annotations
@@ -17,15 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import dramatiq
-import psycopg
-from pika.exceptions import AMQPError
 from psycopg_pool import ConnectionPool
 
-from services.common import events, states
+from services.common import deadletters, events, readiness, reconcile, states
 from services.common.broker import QuorumRabbitmqBroker, make_broker
 from services.common.db import sync_pool
+from services.common.failures import Failure, classify
 from services.common.ops_server import start_ops_server
 from services.common.queries import load_queries
+from services.common.reconcile import EventReconciler
 from services.common.uow import JobChange, UnitOfWork, unit_of_work
 from services.common.worker import stop_on_signals
 from services.inference import metrics
@@ -53,7 +55,20 @@ class Scheduler:
         self._pool = pool
         self._broker = broker
         self._rng = rng or random.Random()
-        self._run_queue = queues(settings.common.queue_prefix)[1]
+        self._queues = list(queues(settings.common.queue_prefix))
+        self._run_queue = self._queues[1]
+        common = settings.common
+        self.reconciler = EventReconciler(
+            pool,
+            broker,
+            kind="requested_event",
+            queue=self._queues[0],
+            actor=events.INFERENCE_INGEST.actor,
+            event_types=events.event_types_for(events.INFERENCE_INGEST),
+            inbox_table="execution_inbox",
+            grace_seconds=common.reconcile_grace_seconds,
+            horizon_seconds=common.reconcile_horizon_seconds,
+        )
         self._policy = RetryPolicy(
             max_attempts=settings.max_attempts,
             base_seconds=settings.retry_base_seconds,
@@ -64,6 +79,16 @@ class Scheduler:
 
     def run_once(self) -> dict[str, int]:
         return {"reaped": self.reap(), "expired": self.expire_deadlines(), "woken": self.top_up()}
+
+    def sweep(self) -> dict[str, int]:
+        """The slower duties: reconcile the inbox, drain and prune dead letters."""
+        done = {
+            "redriven": self.reconciler.sweep(),
+            "dead_lettered": deadletters.drain(self._pool, self._broker, self._queues),
+            "pruned": deadletters.prune(self._pool, self._s.common.dead_letter_retention_days),
+        }
+        deadletters.refresh_metrics(self._pool, self._queues)
+        return done
 
     def reap(self) -> int:
         with unit_of_work(self._pool) as uow:
@@ -142,18 +167,20 @@ class Scheduler:
         metrics.OLDEST_ELIGIBLE.set((due["now"] - oldest).total_seconds() if oldest else 0)
         if not due["due"]:
             return 0
-        try:
-            queued = self._broker.get_queue_message_counts(self._run_queue)[0]
-            missing = max(0, int(due["due"]) - queued)
-            for _ in range(missing):
-                queue = self._run_queue
-                self._broker.enqueue(
-                    dramatiq.Message(queue_name=queue, actor_name="run", args=(), kwargs={}, options={})
+        queued = self._broker.queue_depths(self._run_queue)[0]
+        missing = max(0, int(due["due"]) - queued)
+        for _ in range(missing):
+            self._broker.enqueue(
+                dramatiq.Message(
+                    queue_name=self._run_queue,
+                    actor_name=events.INFERENCE_RUN.actor,
+                    args=(),
+                    kwargs={},
+                    options={},
                 )
-        except (AMQPError, dramatiq.errors.ConnectionError) as exc:
-            log.warning("wake-up top-up failed: %s", exc)
-            return 0
+            )
         metrics.WAKEUPS.inc(missing)
+        reconcile.count("job_wakeup", missing)
         return missing
 
 
@@ -166,30 +193,41 @@ def main() -> int:
     stop = threading.Event()
     stop_on_signals(stop, "inference scheduler")
     broker = make_broker(settings.common)
-    with sync_pool(settings.common, name="inference-scheduler", max_size=2) as pool:
-        broker.declare_queue(queues(settings.common.queue_prefix)[1], ensure=True)
+    with sync_pool(settings.common, name="inference-scheduler", max_size=2, role="scheduler") as pool:
         scheduler = Scheduler(settings, pool, broker)
-
-        def ready() -> str | None:
-            try:
-                with pool.connection(timeout=2) as conn:
-                    conn.execute("SELECT 1")
-            except psycopg.Error as exc:
-                return f"PostgreSQL: {exc}"
-            return None
-
+        ready = readiness.all_of(readiness.postgres(pool), readiness.rabbitmq(settings.common.amqp_url))
         port = settings.scheduler_metrics_port
         ops = start_ops_server(port, ready) if port else None
         log.info("inference scheduler: a pass every %.2f s", settings.scheduler_interval_seconds)
+        # The sweeps read more and matter less often than the reaper: about every 5 s.
+        sweep_every = max(1, round(5.0 / settings.scheduler_interval_seconds))
+        passes = failures = 0
         try:
             while not stop.is_set():
                 try:
                     done = scheduler.run_once()
+                    if passes % sweep_every == 0:
+                        done |= scheduler.sweep()
+                    passes += 1
+                    failures = 0
                     if any(done.values()):
                         log.info("scheduler pass: %s", done)
-                except (psycopg.Error, AMQPError, dramatiq.errors.ConnectionError) as exc:
-                    log.warning("scheduler pass failed: %s", exc)
-                stop.wait(settings.scheduler_interval_seconds)
+                    broker.keep_alive()
+                    delay = settings.scheduler_interval_seconds
+                except Exception as exc:
+                    # The scheduler never exits on a blip: it backs off and tries again.
+                    failures += 1
+                    delay = random.uniform(0, min(10.0, 0.2 * 2**failures))
+                    if classify(exc) is Failure.TRANSIENT:
+                        log.warning(
+                            "scheduler pass failed (%s: %s); retrying in %.1fs",
+                            type(exc).__name__,
+                            exc,
+                            delay,
+                        )
+                    else:
+                        log.exception("scheduler pass failed unexpectedly; retrying in %.1fs", delay)
+                stop.wait(delay)
         finally:
             broker.close()
             if ops is not None:

@@ -2,26 +2,26 @@
 
 ``ingest`` records each delivered event in the execution inbox, commits, and only then lets
 Dramatiq ack the message; a requested job also gets a wake-up. ``run`` is a wake-up: it starts an
-execution slot and returns, so no broker delivery is held across a model call. Bad messages are
-refused with their reason and dead-lettered; every actor has ``max_retries=0`` because retries
-live in PostgreSQL.
+execution slot and returns, so no broker delivery is held across a model call. What happens to a
+message whose handling failed is the ``Redelivery`` middleware's decision (services.common.broker):
+bad messages are dead-lettered with their reason, a message that met a dependency outage comes
+back with backoff.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from functools import partial
 from typing import Any
 
 import dramatiq
-import psycopg
-from dramatiq.middleware import CurrentMessage
 from pika.exceptions import AMQPError
 
-from services.common import events, faults
+from services.common import deadletters, events, faults, readiness
 from services.common.broker import QuorumRabbitmqBroker, install, make_broker
 from services.common.db import sync_pool
-from services.common.messages import BadMessage, parse_event, reject
+from services.common.messages import BadMessage, parse_event
 from services.common.worker import run_worker, stop_on_signals
 from services.inference.executor import Executor
 from services.inference.inbox import Received, receive
@@ -36,7 +36,7 @@ INGEST_TYPES = frozenset({events.EXTRACTION_REQUESTED, events.EXTRACTION_CANCELL
 
 
 def queues(prefix: str) -> tuple[str, str]:
-    return f"{prefix}.inference.ingest", f"{prefix}.inference.run"
+    return events.queue_name(prefix, events.INFERENCE_INGEST), events.queue_name(prefix, events.INFERENCE_RUN)
 
 
 def make_provider() -> Provider:
@@ -55,21 +55,20 @@ def declare_actors(
     run_actor = dramatiq.actor(actor_name="run", queue_name=run_queue, **options)(run)
 
     def ingest(event: Any = None, **unexpected: Any) -> None:
-        message = CurrentMessage.get_current_message()
-        message_id = message.message_id if message is not None else None
-        try:
-            if unexpected:
-                raise BadMessage("malformed", f"unexpected arguments {sorted(unexpected)}")
-            parsed = parse_event(event, INGEST_TYPES)
-        except BadMessage as error:
-            reject(pool, ingest_queue, "ingest", message_id, error, {"event": event, **unexpected})
-            raise
+        if unexpected:
+            raise BadMessage("malformed", f"unexpected arguments {sorted(unexpected)}")
+        parsed = parse_event(event, INGEST_TYPES)
         received = receive(pool, parsed)
         faults.point(settings.common.faults, faults.CRASH_AFTER_INBOX_COMMIT)
+        if received is Received.QUARANTINED:
+            raise BadMessage(
+                "digest_conflict",
+                f"event {parsed.event_id} arrived again with a different payload; the first one stands",
+            )
         if received is Received.NEW and parsed.event_type == events.EXTRACTION_REQUESTED:
             try:
                 run_actor.send()
-            except (AMQPError, dramatiq.errors.ConnectionError) as exc:
+            except (AMQPError, dramatiq.errors.BrokerConnectionError) as exc:
                 # The scheduler's top-up wakes the job anyway; losing a wake-up costs latency only.
                 log.warning("could not send a wake-up for job %s: %s", parsed.job_id, exc)
 
@@ -86,17 +85,14 @@ def main() -> int:
     install(broker)
     provider = make_provider()
     limiter = LimiterClient.from_settings()
-    with sync_pool(settings.common, name="inference", max_size=settings.concurrency + 4) as pool:
+    pool_size = settings.concurrency + 4
+    with sync_pool(settings.common, name="inference", max_size=pool_size, role="worker") as pool:
+        broker.redelivery.dead_letter = partial(deadletters.record, pool)
         executor = Executor(settings, pool, limiter, provider)
         declare_actors(broker, settings, pool, executor)
-
-        def ready() -> str | None:
-            try:
-                with pool.connection(timeout=2) as conn:
-                    conn.execute("SELECT 1")
-            except psycopg.Error as exc:
-                return f"PostgreSQL: {exc}"
-            return None
+        ready = readiness.all_of(
+            readiness.postgres(pool), readiness.rabbitmq(settings.common.amqp_url), limiter.readiness
+        )
 
         def on_stop() -> None:
             executor.stop()

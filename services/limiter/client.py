@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import deque
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import Counter
 
 from services.common.protos.fatura.limiter.v1 import limiter_pb2 as pb
@@ -92,6 +94,10 @@ class LimiterClient:
     ) -> None:
         self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._stub = pb_grpc.LimiterServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._health_lock = threading.Lock()
+        self._health_at = float("-inf")
+        self._health_answer: str | None = None
         self._deadline_s = deadline_ms / 1000
         self._settle_deadline_s = settle_deadline_ms / 1000
         self._emergency = emergency
@@ -124,6 +130,22 @@ class LimiterClient:
 
     def close(self) -> None:
         self._channel.close()
+
+    def readiness(self) -> str | None:
+        """None when the limiter answers SERVING (it has Redis), else why not; remembered for 2 s."""
+        with self._health_lock:
+            if time.monotonic() - self._health_at < 2.0:
+                return self._health_answer
+            try:
+                response = self._health.Check(
+                    health_pb2.HealthCheckRequest(service="fatura.limiter.v1.LimiterService"), timeout=1.0
+                )
+                serving = response.status == health_pb2.HealthCheckResponse.SERVING
+                answer = None if serving else "limiter: NOT_SERVING (its Redis does not answer)"
+            except grpc.RpcError as exc:
+                answer = f"limiter: {exc.code().name}"
+            self._health_at, self._health_answer = time.monotonic(), answer
+            return answer
 
     def __enter__(self) -> LimiterClient:
         return self

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
 from fix_db import drop_database, recreate_database
@@ -63,11 +64,15 @@ def _grant(tenant_id: uuid.UUID, tokens: int) -> Grant:
     return Grant(permit_id=f"p-{uuid.uuid4()}", lease_expires_at_ms=0)
 
 
+def _never_released(grant: Grant) -> None:
+    raise AssertionError(f"permit {grant.permit_id} was released, but its claim committed")
+
+
 def _claim_tenants(pool: SyncPool, n: int) -> list[Any]:
     claims = _claims(pool)
     order = []
     for _ in range(n):
-        started = claims.claim(_grant)
+        started = claims.claim(_grant, _never_released)
         assert isinstance(started, Started)
         order.append(started.job)
     return order
@@ -99,9 +104,9 @@ def test_a_tenant_at_its_in_flight_cap_is_skipped(fresh_pool: SyncPool) -> None:
     capped, _ = create_tenant(fresh_pool, TenantSpec(name="capped", max_in_flight=2))
     _queue_jobs(fresh_pool, capped, 10)
     claims = _claims(fresh_pool)
-    assert isinstance(claims.claim(_grant), Started)
-    assert isinstance(claims.claim(_grant), Started)
-    assert claims.claim(_grant) is None
+    assert isinstance(claims.claim(_grant, _never_released), Started)
+    assert isinstance(claims.claim(_grant, _never_released), Started)
+    assert claims.claim(_grant, _never_released) is None
 
 
 def test_interactive_goes_first_but_aged_batch_work_is_not_starved(fresh_pool: SyncPool) -> None:
@@ -113,3 +118,31 @@ def test_interactive_goes_first_but_aged_batch_work_is_not_starved(fresh_pool: S
     # The batch job that waited 120 s beats the fresh interactive one (aging 30 s); the interactive
     # one beats the batch job that waited only 5 s.
     assert claimed == ["batch", "interactive", "batch"]
+
+
+def test_a_permit_granted_inside_a_claim_whose_transaction_fails_is_released_as_not_sent(
+    fresh_pool: SyncPool, database_url: str
+) -> None:
+    # Given a due job, and a database session that dies right after the limiter granted a permit
+    tenant_id, _ = create_tenant(fresh_pool, TenantSpec(name="cut"))
+    _queue_jobs(fresh_pool, tenant_id, 1)
+    released: list[str] = []
+
+    def grant_then_lose_the_session(tenant: uuid.UUID, tokens: int) -> Grant:
+        with psycopg.connect(f"{database_url}_fair", autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'fatura-fair' AND state = 'idle in transaction'"
+            )
+        return Grant(permit_id="p-granted", lease_expires_at_ms=0)
+
+    # When the claim tries to commit
+    with pytest.raises(psycopg.OperationalError):
+        _claims(fresh_pool).claim(grant_then_lose_the_session, lambda g: released.append(g.permit_id))
+    # Then the permit went back to the limiter, and the job is still READY for the next claim
+    assert released == ["p-granted"]
+    with fresh_pool.connection() as conn:
+        row = conn.execute(
+            "SELECT state, attempt FROM extraction_jobs WHERE tenant_id = %s", (tenant_id,)
+        ).fetchone()
+    assert row is not None and (row["state"], row["attempt"]) == ("READY", 0)

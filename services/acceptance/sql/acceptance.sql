@@ -109,9 +109,15 @@ ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
 -- name: cancel_job
+-- A job cancelled while RUNNING keeps the cost of the call in flight (it may be billed): its usage
+-- is unknown, so the whole reservation (estimated_tokens) is added to the job's usage.
 UPDATE extraction_jobs
 SET state = 'CANCELLED', state_version = state_version + 1, lease_until = NULL,
-    updated_at = now(), finished_at = now()
+    updated_at = now(), finished_at = now(),
+    usage = CASE WHEN state = 'RUNNING'
+                 THEN fatura_usage_add(usage, jsonb_build_object('total_tokens', estimated_tokens,
+                                                                 'estimated_tokens', estimated_tokens))
+                 ELSE usage END
 WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s
   AND state IN ('READY', 'RUNNING', 'RETRY_SCHEDULED')
 RETURNING id, tenant_id, state, state_version

@@ -158,17 +158,21 @@ SELECT delivery_id, attempts, fence, updated_at, 'lost', 'lease_expired' FROM ex
 RETURNING delivery_id
 
 -- name: due_wakeups
--- Due deliveries nobody has been woken for lately; marks them woken.
-UPDATE deliveries
-SET woken_at = now()
-WHERE delivery_id IN (
-    SELECT delivery_id FROM deliveries
+-- Due deliveries nobody has been woken for lately; marks them woken. `rewoken`: one was woken
+-- before and still is not sent (its wake-up was lost, or its sender died): a re-drive.
+WITH due AS (
+    SELECT delivery_id, woken_at FROM deliveries
     WHERE state = 'pending' AND next_attempt_at <= now()
       AND (woken_at IS NULL OR woken_at < now() - make_interval(secs => %(rewake_seconds)s))
     ORDER BY next_attempt_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED)
-RETURNING delivery_id
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE deliveries d
+SET woken_at = now()
+FROM due
+WHERE d.delivery_id = due.delivery_id
+RETURNING d.delivery_id, due.woken_at IS NOT NULL AS rewoken
 
 -- name: backlog
 SELECT count(*) FILTER (WHERE state = 'pending') AS pending,

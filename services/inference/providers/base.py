@@ -13,6 +13,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
 
+from services.inference.providers.cancel import CallScope
+
 
 class ErrorClass(StrEnum):
     """Why a call gave no usable answer. Retryable classes may be retried within the budget."""
@@ -29,6 +31,7 @@ class ErrorClass(StrEnum):
     NOT_FOUND = "not_found"  # 404 (model or route unknown)
     BAD_RESPONSE = "bad_response"  # 2xx whose envelope is not a chat completion, or too large
     NO_CHANNEL = "no_channel"  # every channel of the chain is open (circuit breaker) or unusable
+    CANCELLED = "cancelled"  # the worker lost the job (lease taken, job cancelled): the call was cut
 
 
 RETRYABLE = frozenset(
@@ -41,6 +44,9 @@ RETRYABLE = frozenset(
         ErrorClass.STREAM_ERROR,
         ErrorClass.BAD_RESPONSE,
         ErrorClass.NO_CHANNEL,
+        # Only a worker that lost the job cuts its call, and then its completion is refused as
+        # stale anyway; should one ever still own it, trying again is the safe reading.
+        ErrorClass.CANCELLED,
     }
 )
 
@@ -52,6 +58,8 @@ class ProviderRequest:
     max_output_tokens: int
     deadline_s: float  # seconds this attempt may take in all, across every hop
     request_id: str  # job id + attempt, sent as a header for tracing
+    # Cut the call when the worker no longer owns the job (``CallScope.cancel()``); None: never.
+    cancel: CallScope | None = None
 
 
 @dataclass(frozen=True)

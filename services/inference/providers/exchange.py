@@ -16,6 +16,7 @@ without failover.
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import httpx
@@ -82,31 +83,47 @@ def exchange(
         headers=headers,
         timeout=httpx.Timeout(connect=connect, read=header_wait, write=remaining, pool=connect),
     )
-    try:
-        response = client.send(http_request, stream=True)
-    except httpx.HTTPError as exc:
-        error_class, sent = exception_error_class(exc, headers_received=False)
-        silent = error_class is ErrorClass.HEADER_TIMEOUT
-        if silent and header_wait < settings.header_timeout_s:
-            error_class = ErrorClass.DEADLINE  # the attempt's budget ran out first
-        message = f"{type(exc).__name__}: {exc}"[:300]
-        return HopOutcome(error_class, sent=sent, message=message, silent=silent)
-    alarm = watchdog.arm(deadline, response)
-    try:
-        return _read(response, deadline, settings)
-    except Exception as exc:
-        if alarm.fired or time.monotonic() >= deadline:
-            # The watchdog shut the socket; whatever the read raised (a TLS read may raise more
-            # than httpx maps), the cause is the deadline.
-            return HopOutcome(ErrorClass.DEADLINE, sent=True, http_status=response.status_code)
-        if not isinstance(exc, httpx.HTTPError):
-            raise
-        error_class, _ = exception_error_class(exc, headers_received=True)
-        message = f"{type(exc).__name__}: {exc}"[:300]
-        return HopOutcome(error_class, sent=True, http_status=response.status_code, message=message)
-    finally:
-        alarm.cancel()
-        response.close()
+    # While the hop runs, its sockets belong to the request's cancel scope; the scope lets go of
+    # them before the response is closed and the connection goes back to the pool.
+    scope = ExitStack()
+    if request.cancel is not None:
+        scope.enter_context(request.cancel.active())
+    with scope:
+        try:
+            response = client.send(http_request, stream=True)
+        except httpx.HTTPError as exc:
+            if request.cancel is not None and request.cancel.cancelled:
+                return HopOutcome(ErrorClass.CANCELLED, sent=True, message="the worker lost the job")
+            error_class, sent = exception_error_class(exc, headers_received=False)
+            silent = error_class is ErrorClass.HEADER_TIMEOUT
+            if silent and header_wait < settings.header_timeout_s:
+                error_class = ErrorClass.DEADLINE  # the attempt's budget ran out first
+            message = f"{type(exc).__name__}: {exc}"[:300]
+            return HopOutcome(error_class, sent=sent, message=message, silent=silent)
+        alarm = watchdog.arm(deadline, response)
+        try:
+            return _read(response, deadline, settings)
+        except Exception as exc:
+            if request.cancel is not None and request.cancel.cancelled:
+                return HopOutcome(
+                    ErrorClass.CANCELLED,
+                    sent=True,
+                    http_status=response.status_code,
+                    message="the worker lost the job",
+                )
+            if alarm.fired or time.monotonic() >= deadline:
+                # The watchdog shut the socket; whatever the read raised (a TLS read may raise more
+                # than httpx maps), the cause is the deadline.
+                return HopOutcome(ErrorClass.DEADLINE, sent=True, http_status=response.status_code)
+            if not isinstance(exc, httpx.HTTPError):
+                raise
+            error_class, _ = exception_error_class(exc, headers_received=True)
+            message = f"{type(exc).__name__}: {exc}"[:300]
+            return HopOutcome(error_class, sent=True, http_status=response.status_code, message=message)
+        finally:
+            alarm.cancel()
+            scope.close()
+            response.close()
 
 
 def _read(response: httpx.Response, deadline: float, settings: GatewaySettings) -> HopOutcome:

@@ -28,6 +28,7 @@ from services.inference.providers.base import (
 )
 from services.inference.providers.breaker import Report, Verdict
 from services.inference.providers.breaker_store import RedisBreakers, connect
+from services.inference.providers.cancel import cancellable_transport
 from services.inference.providers.catalog import Catalog, Channel, load_catalog
 from services.inference.providers.classify import FAILOVER
 from services.inference.providers.exchange import HopOutcome, exchange
@@ -51,7 +52,8 @@ def http_client(settings: GatewaySettings) -> httpx.Client:
     limits = httpx.Limits(
         max_connections=settings.max_connections, max_keepalive_connections=settings.max_connections
     )
-    return httpx.Client(transport=httpx.HTTPTransport(retries=0, limits=limits), follow_redirects=False)
+    transport = cancellable_transport(retries=0, limits=limits)
+    return httpx.Client(transport=transport, follow_redirects=False)
 
 
 class Gateway:
@@ -98,6 +100,9 @@ class Gateway:
         denials: list[str] = []
         last: HopOutcome | None = None
         for channel in chain:
+            if request.cancel is not None and request.cancel.cancelled:
+                last = HopOutcome(ErrorClass.CANCELLED, sent=False, message="the worker lost the job")
+                break
             if time.monotonic() >= deadline:
                 last = HopOutcome(ErrorClass.DEADLINE, sent=False, message="the attempt's deadline passed")
                 break
@@ -142,7 +147,10 @@ class Gateway:
         error = outcome.error_class
         if error is ErrorClass.RATE_LIMITED:
             permits.throttle(channel.pool, outcome.retry_after_ms or self.settings.default_retry_after_ms)
-        if error in FAILOVER or outcome.silent:
+        if error is ErrorClass.CANCELLED:
+            # We cut the call: says nothing about the channel's health.
+            self.breakers.report(channel.name, Report.RELEASE, trial=trial)
+        elif error in FAILOVER or outcome.silent:
             if self.breakers.report(channel.name, Report.FAILURE, trial=trial) is Verdict.OPEN:
                 log.warning("channel %s is open after %s", channel.name, error)
         else:

@@ -75,7 +75,7 @@ UPDATE extraction_jobs
 SET state = %(state)s, state_version = state_version + 1, lease_until = NULL,
     attempt = attempt - %(refund)s,
     result = %(result)s, review_reasons = %(review_reasons)s, error_class = %(error_class)s,
-    error_message = %(error_message)s, usage = %(usage)s,
+    error_message = %(error_message)s, usage = fatura_usage_add(usage, %(usage)s),
     policy_version = coalesce(%(policy_version)s, policy_version),
     available_at = coalesce(%(available_at)s, available_at),
     finished_at = CASE WHEN %(terminal)s THEN now() END, updated_at = now()

@@ -18,10 +18,16 @@ LIMIT %(batch)s
 FOR UPDATE SKIP LOCKED
 
 -- name: reschedule_job
+-- A job taken from a RUNNING worker keeps the cost of the call that worker may have made: its
+-- usage is unknown, so the whole reservation (estimated_tokens) is added to the job's usage.
 UPDATE extraction_jobs
 SET state = 'RETRY_SCHEDULED', state_version = state_version + 1, fence = fence + 1,
     lease_until = NULL, available_at = %(available_at)s, error_class = %(error_class)s,
-    error_message = %(error_message)s, updated_at = now()
+    error_message = %(error_message)s, updated_at = now(),
+    usage = CASE WHEN state = 'RUNNING'
+                 THEN fatura_usage_add(usage, jsonb_build_object('total_tokens', estimated_tokens,
+                                                                 'estimated_tokens', estimated_tokens))
+                 ELSE usage END
 WHERE id = %(job_id)s
 RETURNING state_version
 
@@ -29,7 +35,11 @@ RETURNING state_version
 UPDATE extraction_jobs
 SET state = 'FAILED_TERMINAL', state_version = state_version + 1, fence = fence + 1,
     lease_until = NULL, error_class = %(error_class)s, error_message = %(error_message)s,
-    finished_at = now(), updated_at = now()
+    finished_at = now(), updated_at = now(),
+    usage = CASE WHEN state = 'RUNNING'
+                 THEN fatura_usage_add(usage, jsonb_build_object('total_tokens', estimated_tokens,
+                                                                 'estimated_tokens', estimated_tokens))
+                 ELSE usage END
 WHERE id = %(job_id)s
 RETURNING state_version
 

@@ -1,0 +1,46 @@
+-- Dead letters: broker messages taken off their queue, with the reason and the whole message.
+
+-- name: record
+-- The same message refused again for the same reason while its dead letter is still open (its ack
+-- was lost with a connection, and it came back) is the same dead letter.
+WITH existing AS (
+    SELECT id FROM dead_letters
+    WHERE %(message_id)s::text IS NOT NULL AND message_id = %(message_id)s::text
+      AND queue = %(queue)s AND reason = %(reason)s AND redriven_at IS NULL
+    LIMIT 1
+), inserted AS (
+    INSERT INTO dead_letters (queue, actor, message_id, reason, detail, body, message, source)
+    SELECT %(queue)s, %(actor)s, %(message_id)s, %(reason)s, %(detail)s, %(body)s, %(message)s, %(source)s
+    WHERE NOT EXISTS (SELECT 1 FROM existing)
+    RETURNING id
+)
+SELECT id FROM inserted UNION ALL SELECT id FROM existing
+
+-- name: list
+SELECT * FROM dead_letters
+WHERE (%(since)s::timestamptz IS NULL OR at >= %(since)s::timestamptz)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(include_redriven)s OR redriven_at IS NULL)
+ORDER BY at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: get
+SELECT * FROM dead_letters WHERE id = %(id)s
+
+-- name: mark_redriven
+UPDATE dead_letters SET redriven_at = now(), redrive_count = redrive_count + 1 WHERE id = %(id)s
+
+-- name: depth
+SELECT queue, count(*) AS open, extract(epoch FROM now() - min(at))::float8 AS oldest_age_seconds
+FROM dead_letters
+WHERE redriven_at IS NULL
+GROUP BY queue
+
+-- name: prune
+-- In bounded batches, so a long backlog of old rows never holds a long transaction.
+DELETE FROM dead_letters
+WHERE id IN (SELECT id FROM dead_letters
+             WHERE at < now() - %(days)s::float8 * interval '1 day'
+             ORDER BY at LIMIT 5000)
+RETURNING id
