@@ -10,6 +10,7 @@ second DNS answer cannot rebind the connection elsewhere. Plain HTTP only to all
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,11 @@ Resolver = Callable[[str, int], Sequence[str]]
 MAX_URL_LENGTH = 2048
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 _NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+_HOST_NAME = re.compile(r"[a-z0-9_.-]+")
+
+
+class HostNotResolved(EgressRefused):
+    """The host name did not resolve (no such name, or DNS unreachable): may work later."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +38,7 @@ class Target:
 
     url: str
     scheme: str
-    host: str  # as written (lower-case), without brackets
+    host: str  # lower-case, without brackets; an internationalised name in its ASCII (IDNA) form
     port: int
     path: str  # path and query, never empty
 
@@ -73,6 +79,7 @@ def parse_url(url: str) -> Target:
     host = (parts.hostname or "").lower()
     if not host:
         raise InvalidEndpoint("the url has no host")
+    host = _ascii_host(host)
     if parts.fragment:
         raise InvalidEndpoint("the url must not have a fragment")
     if port == 0:
@@ -81,6 +88,27 @@ def parse_url(url: str) -> Target:
     if parts.query:
         path = f"{path}?{parts.query}"
     return Target(url, scheme, host, port or (443 if scheme == "https" else 80), path)
+
+
+def _ascii_host(host: str) -> str:
+    """An IP literal as is; a host name as DNS, the Host header and TLS SNI carry it (IDNA A-labels).
+
+    Done here, once, so that a name that cannot be encoded (a label over 63 characters, an empty
+    label, a character IDNA prohibits) is a malformed URL rather than an error deep in a socket call.
+    """
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    try:
+        # The codec getaddrinfo() and ssl apply to a str host themselves (IDNA 2003).
+        encoded = host.encode("idna").decode("ascii").lower()
+    except UnicodeError as exc:
+        raise InvalidEndpoint(f"the url's host {host!r} is not a valid host name: {exc}") from None
+    if not _HOST_NAME.fullmatch(encoded):
+        raise InvalidEndpoint(f"the url's host {host!r} has characters a host name cannot have")
+    return encoded
 
 
 def embedded_ipv4(ip: IPAddress) -> ipaddress.IPv4Address | None:
@@ -121,10 +149,7 @@ def address_problem(ip: IPAddress, allow: Sequence[IPNetwork]) -> str | None:
 
 
 def system_resolver(host: str, port: int) -> list[str]:
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise EgressRefused(f"the host {host!r} does not resolve: {exc}") from None
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return [str(info[4][0]) for info in infos]
 
 
@@ -141,7 +166,8 @@ class EgressGuard:
         self.resolver = resolver
 
     def vet(self, url: str) -> Vetted:
-        """Resolve once and check every address; raises InvalidEndpoint or EgressRefused."""
+        """Resolve once and check every address; raises InvalidEndpoint or EgressRefused
+        (HostNotResolved when the lookup itself failed)."""
         target = parse_url(url)
         try:
             literal: IPAddress | None = ipaddress.ip_address(target.host)
@@ -150,7 +176,10 @@ class EgressGuard:
         if literal is not None:
             addresses: list[IPAddress] = [literal]
         else:
-            raw = self.resolver(target.host, target.port)
+            try:
+                raw = self.resolver(target.host, target.port)
+            except (OSError, UnicodeError) as exc:  # socket.gaierror is an OSError
+                raise HostNotResolved(f"the host {target.host!r} does not resolve: {exc}") from None
             addresses = []
             for text in raw:
                 try:
@@ -158,7 +187,7 @@ class EgressGuard:
                 except ValueError:
                     raise EgressRefused(f"{target.host!r} resolved to {text!r}, not an address") from None
             if not addresses:
-                raise EgressRefused(f"the host {target.host!r} resolved to no address")
+                raise HostNotResolved(f"the host {target.host!r} resolved to no address")
         # Every address must pass: DNS may hand out any of them, and one bad one is enough to probe.
         for ip in addresses:
             problem = address_problem(ip, self.allow)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import enum
 import random
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -18,6 +20,7 @@ RETRY_DELAYS_SECONDS: tuple[float, ...] = (5, 300, 1800, 7200, 18000, 36000, 504
 MAX_ATTEMPTS = len(RETRY_DELAYS_SECONDS) + 1
 JITTER = 0.2  # each delay is drawn from [1 - JITTER, 1 + JITTER] of its nominal value
 MAX_RETRY_AFTER_SECONDS = 86400.0
+_DELTA_SECONDS = re.compile(r"[0-9]+")  # RFC 9110 DIGIT is ASCII; str.isdigit() also takes "٣٠" and "²"
 
 
 class Kind(enum.StrEnum):
@@ -30,7 +33,11 @@ class Kind(enum.StrEnum):
 
 @dataclass(frozen=True)
 class AttemptResult:
-    """What the sender saw: an HTTP status, or an error class when no status arrived."""
+    """What the sender saw: an HTTP status, or an error class when no status arrived.
+
+    ``response_body`` is always storable text: whatever a receiver sent, NUL (which PostgreSQL's
+    text refuses) and lone surrogates (which UTF-8 cannot encode) become U+FFFD.
+    """
 
     status: int | None
     error_class: str | None = None
@@ -40,13 +47,26 @@ class AttemptResult:
     # True when the target itself was refused (egress guard): retrying cannot help.
     refused: bool = False
 
+    def __post_init__(self) -> None:
+        if self.response_body is not None:
+            object.__setattr__(self, "response_body", storable_text(self.response_body))
+
+
+def storable_text(text: str) -> str:
+    """``text`` with what a PostgreSQL text column or a UTF-8 encoder refuses replaced by U+FFFD."""
+    if text.isascii() and "\x00" not in text:
+        return text
+    encodable = text.encode("utf-8", errors="surrogatepass").decode("utf-8", errors="replace")
+    return encodable.replace("\x00", "\ufffd")
+
 
 def classify(result: AttemptResult) -> tuple[Kind, str]:
     """The kind of outcome and a short reason an operator can read."""
     status = result.status
     if status is None:
         if result.refused:
-            return Kind.FAILED, f"egress_refused: {result.error_class}"
+            name = result.error_class or "egress_refused"
+            return Kind.FAILED, f"{name}: the registered URL cannot be sent to"
         return Kind.RETRY, result.error_class or "transport_error"
     if 200 <= status < 300:
         return Kind.DELIVERED, f"http_{status}"
@@ -85,20 +105,34 @@ def retry_delay(
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """``Retry-After`` in seconds or as an HTTP-date, as seconds from now; None when absent or bad."""
+    """``Retry-After`` in seconds or as an HTTP-date, as seconds from now; None when absent or bad.
+
+    Only what RFC 9110 allows counts: ASCII delta-seconds or an HTTP-date. Anything else (other
+    scripts' digits, a sign, a fraction, an exponent, a date no calendar holds) is ignored and the
+    normal schedule applies. A date in the past means now; every answer is capped at a day.
+    """
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    if not value or not value.isascii():
+        return None
+    if _DELTA_SECONDS.fullmatch(value):
+        # float() of a thousand digits is inf, not an error; the cap applies either way.
         return min(float(value), MAX_RETRY_AFTER_SECONDS)
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    seconds = (when - (now or datetime.now(UTC))).total_seconds()
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
+
+
+def retry_after(values: Iterable[str], now: datetime | None = None) -> float | None:
+    """The wait several ``Retry-After`` fields ask for: the longest valid one (each is a floor)."""
+    waits = [w for w in (parse_retry_after(v, now) for v in values) if w is not None]
+    return max(waits) if waits else None
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import random
+import socket
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -14,7 +15,7 @@ import standardwebhooks
 
 from services.common.settings import SettingsError
 from services.delivery import outcomes, payload, signing
-from services.delivery.egress import EgressGuard, parse_allow, parse_url
+from services.delivery.egress import EgressGuard, HostNotResolved, parse_allow, parse_url
 from services.delivery.errors import EgressRefused, InvalidEndpoint
 from services.delivery.outcomes import AttemptResult, decide, gate, parse_retry_after, retry_delay
 from services.delivery.settings import DeliverySettings
@@ -81,15 +82,80 @@ def test_a_scaled_schedule_still_honours_retry_after_in_full() -> None:
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [("7", 7.0), (" 12 ", 12.0), ("soon", None), (None, None), ("999999999", 86400.0)],
+    [
+        ("7", 7.0),
+        (" 12 ", 12.0),
+        ("0", 0.0),
+        ("soon", None),
+        (None, None),
+        ("", None),
+        ("999999999", 86400.0),
+        ("9" * 5000, 86400.0),  # more digits than int() takes: still capped, not an error
+        ("\uff13\uff10", None),  # fullwidth "30": float() would take it, RFC 9110 does not
+        ("\u0663\u0660", None),  # Arabic-Indic "30"
+        ("\u00b2", None),  # superscript two: str.isdigit() says yes, float() raises
+        ("-5", None),
+        ("+5", None),
+        ("1.5", None),
+        ("1e30", None),
+        ("inf", None),
+        ("nan", None),
+        ("1_000", None),
+        ("30, 60", None),
+        ("\x00", None),
+    ],
 )
-def test_retry_after_is_read_in_seconds(value: str | None, expected: float | None) -> None:
+def test_retry_after_is_read_in_ascii_seconds_only(value: str | None, expected: float | None) -> None:
     assert parse_retry_after(value) == expected
 
 
-def test_retry_after_is_read_as_an_http_date() -> None:
-    now = datetime(2026, 11, 30, 8, 0, 0, tzinfo=UTC)
-    assert parse_retry_after("Mon, 30 Nov 2026 08:00:42 GMT", now) == 42.0
+NOW = datetime(2026, 11, 30, 8, 0, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("Mon, 30 Nov 2026 08:00:42 GMT", 42.0),
+        ("Monday, 30-Nov-26 08:00:42 GMT", 42.0),  # RFC 850
+        ("Mon Nov 30 08:00:42 2026", 42.0),  # asctime
+        ("Mon, 30 Nov 2026 08:00:42 -0000", 42.0),  # no zone: read as UTC
+        ("Thu, 01 Jan 1970 00:00:00 GMT", 0.0),  # in the past: now
+        ("Fri, 31 Dec 9999 23:59:59 GMT", 86400.0),  # far ahead: a day at most
+        ("Fri, 31 Dec 9999 23:59:59 -2359", 86400.0),  # past the last datetime once in UTC
+        ("Fri, 31 Dec 99999999999 23:59:59 GMT", None),  # a year no datetime holds
+        ("Fri, 31 Dec 99999999999999999999 23:59:59 GMT", None),  # nor a C long
+        ("Mon, 30 Nov 2026 08:00:42 +99999999999999999999", None),  # an offset no C int holds
+        ("Mon, 30 Nov 2026 08:00:42 +9999", None),  # an offset over a day
+        ("Mon, 30 Nov 2026 99:99:99 GMT", None),
+        ("Mon, \u0663\u0660 Nov 2026 08:00:42 GMT", None),  # int() reads Arabic-Indic digits too
+    ],
+)
+def test_retry_after_is_read_as_an_http_date(value: str, expected: float | None) -> None:
+    assert parse_retry_after(value, NOW) == expected
+
+
+def test_of_several_retry_after_fields_the_longest_valid_one_counts() -> None:
+    assert outcomes.retry_after(["30", "120", "soon"], NOW) == 120.0
+    assert outcomes.retry_after(["\uff19\uff19", "Mon, 30 Nov 2026 08:00:42 GMT"], NOW) == 42.0
+    assert outcomes.retry_after(["soon", "-1"], NOW) is None
+    assert outcomes.retry_after([], NOW) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "stored"),
+    [
+        ("plain", "plain"),
+        ("a\x00b", "a\ufffdb"),  # PostgreSQL's text refuses NUL
+        ("lone \ud800 surrogate", "lone \ufffd\ufffd\ufffd surrogate"),  # UTF-8 cannot encode one
+        ("pair \ud83d\ude00", "pair " + "\ufffd" * 6),
+        ("Türkçe fatura ✓", "Türkçe fatura ✓"),
+    ],
+)
+def test_a_response_body_is_always_storable_text(body: str, stored: str) -> None:
+    result = AttemptResult(500, response_body=body)
+    assert result.response_body == stored
+    assert result.response_body is not None
+    assert "\x00" not in result.response_body and result.response_body.encode("utf-8")
 
 
 @pytest.mark.parametrize(
@@ -110,6 +176,11 @@ def test_retry_after_is_read_as_an_http_date() -> None:
         (AttemptResult(None, "read_timeout"), "pending", False, True, False),
         (AttemptResult(None, "connect_error"), "pending", False, True, False),
         (AttemptResult(None, "egress_refused", refused=True), "failed", False, False, False),
+        (AttemptResult(None, "invalid_url", refused=True), "failed", False, False, False),
+        (AttemptResult(None, "dns_error"), "pending", False, True, False),
+        (AttemptResult(None, "protocol_error"), "pending", False, True, False),
+        (AttemptResult(None, "total_timeout"), "pending", False, True, False),
+        (AttemptResult(999), "pending", False, True, False),
     ],
 )
 def test_each_kind_of_answer_has_its_outcome(
@@ -293,6 +364,52 @@ def test_a_malformed_url_is_refused_before_any_lookup(url: str) -> None:
 
     with pytest.raises(InvalidEndpoint):
         EgressGuard((), resolver=no_lookup).vet(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "host"),
+    [
+        ("https://bücher.example/hook", "xn--bcher-kva.example"),
+        ("https://BÜCHER.Example/hook", "xn--bcher-kva.example"),
+        ("https://xn--bcher-kva.example/hook", "xn--bcher-kva.example"),
+        ("https://fatura\u3002example/hook", "fatura.example"),  # an ideographic full stop
+        ("https://\uff45\uff52\uff50.example/hook", "erp.example"),  # fullwidth letters
+        ("https://erp_1.example/hook", "erp_1.example"),
+        ("https://[::1]:8443/hook", "::1"),
+    ],
+)
+def test_a_host_name_is_checked_in_the_ascii_form_dns_and_tls_use(url: str, host: str) -> None:
+    target = parse_url(url)
+    assert target.host == host
+    assert target.host_header.isascii()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://" + "a" * 64 + ".example/hook",
+        "https://" + "ü" * 60 + ".example/hook",
+        "https://erp..example/hook",
+        "https://erp.exa%6dple/hook",
+        "https://erp.exa\u200fmple/hook",  # a right-to-left mark, which IDNA prohibits
+    ],
+)
+def test_a_host_name_that_cannot_be_encoded_is_a_malformed_url(url: str) -> None:
+    def no_lookup(host: str, port: int) -> list[str]:
+        raise AssertionError("the guard resolved a host it should have refused as text")
+
+    with pytest.raises(InvalidEndpoint):
+        EgressGuard((), resolver=no_lookup).vet(url)
+
+
+def test_a_lookup_that_fails_is_told_apart_from_a_refused_address() -> None:
+    def nxdomain(host: str, port: int) -> list[str]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    with pytest.raises(HostNotResolved, match="does not resolve"):
+        EgressGuard((), resolver=nxdomain).vet("https://bücher.example/hook")
+    with pytest.raises(HostNotResolved, match="no address"):
+        EgressGuard((), resolver=lambda host, port: []).vet("https://erp.example/hook")
 
 
 def test_a_url_keeps_its_path_and_query() -> None:
