@@ -10,9 +10,13 @@ ALTER TABLE dead_letters
     ADD COLUMN source         text NOT NULL DEFAULT 'consumer' CHECK (source IN ('consumer', 'broker')),
     ADD COLUMN message        jsonb,
     ADD COLUMN redriven_at    timestamptz,
-    ADD COLUMN redrive_count  integer NOT NULL DEFAULT 0;
+    ADD COLUMN redrive_count  integer NOT NULL DEFAULT 0,
+    -- An operator asked for a redrive; the scheduler of the queue's service publishes it.
+    ADD COLUMN redrive_requested_at timestamptz;
 
 CREATE INDEX dead_letters_open ON dead_letters (at) WHERE redriven_at IS NULL;
+CREATE INDEX dead_letters_redrive_requested ON dead_letters (redrive_requested_at)
+    WHERE redrive_requested_at IS NOT NULL AND redriven_at IS NULL;
 CREATE INDEX dead_letters_at ON dead_letters (at);
 -- The reconciler does not re-drive an event whose message is a dead letter an operator must look at.
 CREATE INDEX dead_letters_message ON dead_letters (message_id) WHERE redriven_at IS NULL;

@@ -110,7 +110,7 @@ class Relay:
             if unpublished:
                 conn.execute(Q["release_claims"], {"event_ids": unpublished, "relay_id": s.relay_id})
         if failed:
-            raise BrokerConnectionError("RabbitMQ did not confirm a publish")
+            raise BrokerConnectionError("RabbitMQ did not confirm a publish")  # type: ignore[no-untyped-call]
         return len(rows)
 
     def update_backlog_metrics(self, *, force: bool = False) -> None:

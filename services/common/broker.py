@@ -177,7 +177,7 @@ class QuorumRabbitmqBroker(RabbitmqBroker):
             yield
         except (pika.exceptions.AMQPError, OSError) as exc:
             del self.connection
-            raise BrokerConnectionError(exc) from None
+            raise BrokerConnectionError(exc) from None  # type: ignore[no-untyped-call]
 
     def queue_depths(self, queue_name: str) -> tuple[int, int, int]:
         """Ready messages in the queue, its delay queue and its dead-letter queue."""

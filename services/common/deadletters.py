@@ -9,8 +9,10 @@ exactly what was refused:
   message kept killing its worker; a body that is not a message at all): the schedulers drain those
   queues into this table (``source = 'broker'``), with RabbitMQ's reason.
 
-A redrive publishes the stored message to its queue again with its original message id; consumers
-dedup by event id, so a redrive is itself idempotent.
+A redrive is asked for in the database (``request_redrive``: the CLI and the operator endpoint) and
+carried out by the scheduler of the queue's service (``publish_requested``), which publishes the
+stored message to its queue again with its original message id; consumers dedup by event id, so a
+redrive is itself idempotent, and the edge never talks to RabbitMQ.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class DeadLetter:
     at: datetime
     redriven_at: datetime | None
     redrive_count: int
+    redrive_requested_at: datetime | None
     message: dict[str, Any] | None
     body: str
 
@@ -81,12 +84,17 @@ class DeadLetter:
             "detail": self.detail,
             "source": self.source,
             "at": self.at.isoformat(),
-            "redriven_at": self.redriven_at.isoformat() if self.redriven_at else None,
+            "redrive_requested_at": _iso(self.redrive_requested_at),
+            "redriven_at": _iso(self.redriven_at),
             "redrive_count": self.redrive_count,
         }
 
     def as_json(self) -> dict[str, Any]:
         return {**self.summary(), "message": self.message, "body": self.body}
+
+
+def _iso(at: datetime | None) -> str | None:
+    return at.isoformat() if at is not None else None
 
 
 def _clean(text: str) -> str:
@@ -226,40 +234,82 @@ def get(pool: ConnectionPool[Any], dead_letter_id: int) -> DeadLetter | None:
 
 
 @dataclass(frozen=True)
-class RedriveResult:
-    redriven: list[int]
-    skipped: dict[int, str]  # id -> why it was not sent
+class RedriveRequest:
+    requested: list[int]  # open dead letters now marked for redrive
+    unsendable: list[int]  # matched, but their body was not a message: nothing to republish
 
 
-def redrive(pool: ConnectionPool[Any], broker: Any, letters: Collection[DeadLetter]) -> RedriveResult:
-    """Publish each stored message to its queue again (same message id), then mark it redriven."""
-    sent: list[int] = []
-    skipped: dict[int, str] = {}
-    for letter in letters:
-        if letter.message is None:
-            skipped[letter.id] = "the body was not a message; nothing to republish"
-            continue
-        stored: dict[str, Any] = dict(letter.message)
-        options = {k: v for k, v in (stored.get("options") or {}).items() if k not in {"redeliveries", "eta"}}
-        try:
-            message: dramatiq.Message[Any] = dramatiq.Message(
-                queue_name=letter.queue,
-                actor_name=str(stored.get("actor_name") or letter.actor),
-                args=tuple(stored.get("args") or ()),
-                kwargs=dict(stored.get("kwargs") or {}),
-                options=options,
-                message_id=str(stored.get("message_id") or letter.message_id),
-                message_timestamp=int(stored.get("message_timestamp") or time.time() * 1000),
-            )
-        except (TypeError, ValueError) as exc:
-            skipped[letter.id] = f"the stored message cannot be rebuilt: {exc}"
+def request_redrive(
+    pool: ConnectionPool[Any],
+    *,
+    ids: Collection[int] | None = None,
+    since: datetime | None = None,
+    reason: str | None = None,
+    queue: str | None = None,
+) -> RedriveRequest:
+    """Mark the open dead letters that match for redrive; the scheduler of each queue's service
+    publishes them within a sweep. Asking twice is the same as asking once."""
+    params = {"ids": list(ids) if ids is not None else None, "since": since, "reason": reason, "queue": queue}
+    with pool.connection() as conn, conn.transaction():
+        rows = conn.execute(Q["request_redrive"], params).fetchall()
+    requested = [int(r["id"]) for r in rows if r["sendable"]]
+    unsendable = [int(r["id"]) for r in rows if not r["sendable"]]
+    return RedriveRequest(requested, unsendable)
+
+
+def pending_redrives(pool: ConnectionPool[Any], ids: Collection[int]) -> int:
+    """How many of ``ids`` are still waiting to be published."""
+    with pool.connection() as conn:
+        row = conn.execute(Q["pending_redrives"], {"ids": list(ids)}).fetchone()
+    return int(row["n"]) if row else 0
+
+
+def publish_requested(
+    pool: ConnectionPool[Any], broker: Any, queues: Collection[str], *, limit: int = 200
+) -> int:
+    """Publish the dead letters of ``queues`` an operator asked to redrive: the stored message, to its
+    queue, with its original message id; then mark each redriven. Returns how many."""
+    with pool.connection() as conn:
+        rows = conn.execute(Q["requested_redrives"], {"queues": list(queues), "limit": limit}).fetchall()
+    sent = 0
+    for row in rows:
+        letter = DeadLetter.from_row(row)
+        message = _rebuild(letter)
+        if message is None:
+            log.error("dead letter %d cannot be rebuilt into a message; left as it is", letter.id)
             continue
         broker.enqueue(message)
         with pool.connection() as conn:
             conn.execute(Q["mark_redriven"], {"id": letter.id})
         REDRIVEN.labels(letter.queue).inc()
-        sent.append(letter.id)
-    return RedriveResult(sent, skipped)
+        log.info(
+            "dead letter %d (%s, %s) redriven to %s",
+            letter.id,
+            letter.message_id,
+            letter.reason,
+            letter.queue,
+        )
+        sent += 1
+    return sent
+
+
+def _rebuild(letter: DeadLetter) -> dramatiq.Message[Any] | None:
+    if letter.message is None:
+        return None
+    stored: dict[str, Any] = dict(letter.message)
+    options = {k: v for k, v in (stored.get("options") or {}).items() if k not in {"redeliveries", "eta"}}
+    try:
+        return dramatiq.Message(
+            queue_name=letter.queue,
+            actor_name=str(stored.get("actor_name") or letter.actor),
+            args=tuple(stored.get("args") or ()),
+            kwargs=dict(stored.get("kwargs") or {}),
+            options=options,
+            message_id=str(stored.get("message_id") or letter.message_id),
+            message_timestamp=int(stored.get("message_timestamp") or time.time() * 1000),
+        )
+    except (TypeError, ValueError):
+        return None
 
 
 def refresh_metrics(pool: ConnectionPool[Any], queues: Iterable[str]) -> None:

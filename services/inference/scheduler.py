@@ -85,6 +85,7 @@ class Scheduler:
         done = {
             "redriven": self.reconciler.sweep(),
             "dead_lettered": deadletters.drain(self._pool, self._broker, self._queues),
+            "redriven_dead_letters": deadletters.publish_requested(self._pool, self._broker, self._queues),
             "pruned": deadletters.prune(self._pool, self._s.common.dead_letter_retention_days),
         }
         deadletters.refresh_metrics(self._pool, self._queues)

@@ -29,7 +29,29 @@ LIMIT %(limit)s
 SELECT * FROM dead_letters WHERE id = %(id)s
 
 -- name: mark_redriven
-UPDATE dead_letters SET redriven_at = now(), redrive_count = redrive_count + 1 WHERE id = %(id)s
+UPDATE dead_letters SET redriven_at = now(), redrive_count = redrive_count + 1
+WHERE id = %(id)s AND redriven_at IS NULL
+
+-- name: request_redrive
+UPDATE dead_letters
+SET redrive_requested_at = coalesce(redrive_requested_at, now())
+WHERE redriven_at IS NULL
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY (%(ids)s::bigint[]))
+  AND (%(since)s::timestamptz IS NULL OR at >= %(since)s::timestamptz)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+RETURNING id, message IS NOT NULL AS sendable
+
+-- name: pending_redrives
+SELECT count(*) AS n FROM dead_letters
+WHERE id = ANY (%(ids)s::bigint[]) AND redriven_at IS NULL AND message IS NOT NULL
+
+-- name: requested_redrives
+SELECT * FROM dead_letters
+WHERE redrive_requested_at IS NOT NULL AND redriven_at IS NULL AND message IS NOT NULL
+  AND queue = ANY (%(queues)s::text[])
+ORDER BY redrive_requested_at, id
+LIMIT %(limit)s
 
 -- name: depth
 SELECT queue, count(*) AS open, extract(epoch FROM now() - min(at))::float8 AS oldest_age_seconds
