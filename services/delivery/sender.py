@@ -2,7 +2,9 @@
 
 The request goes to the address the guard checked (the URL's host is replaced by it) while the
 Host header and TLS SNI/certificate check keep the registered host name. A huge or slow response
-cannot hold a worker: the body is read up to a cap, and a total deadline covers a trickling reply.
+cannot hold a worker: the body is read up to a cap, and a total deadline bounds every read and
+write of the exchange, so a receiver trickling its status line, headers or body is cut off too.
+Whatever the receiver answers becomes an ``AttemptResult``: a status, or an error class.
 """
 
 from __future__ import annotations
@@ -10,16 +12,20 @@ from __future__ import annotations
 import ssl
 import threading
 import time
+import typing
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+import httpcore
 import httpx
 
-from services.delivery.egress import EgressGuard, Vetted
+from services.delivery.egress import EgressGuard, HostNotResolved, Vetted
 from services.delivery.errors import DeliveryError, EgressRefused
-from services.delivery.outcomes import AttemptResult, parse_retry_after
+from services.delivery.outcomes import AttemptResult, retry_after
 
 _MAX_CLIENTS = 64
+_MAX_DETAIL = 500  # characters of an error's message kept with the attempt
 
 
 @dataclass(frozen=True)
@@ -30,23 +36,134 @@ class SendLimits:
     max_response_bytes: int = 4096
 
 
-def _error_class(exc: Exception) -> str:
-    # Names an operator can act on; the mapping is checked by a unit test.
-    if isinstance(exc, httpx.ConnectTimeout):
-        return "connect_timeout"
-    if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout | httpx.PoolTimeout):
-        return "read_timeout"
-    if isinstance(exc, httpx.ConnectError):
-        return "connect_error"
-    if isinstance(exc, httpx.RemoteProtocolError):
-        return "protocol_error"
-    if isinstance(exc, httpx.NetworkError):
-        return "network_error"
-    return type(exc).__name__
-
-
 class TotalTimeout(Exception):
-    """The response kept arriving past the total deadline."""
+    """The exchange was still going at the total deadline."""
+
+
+# Every error a POST can meet, most specific first, with the name an operator reads in the
+# attempt log. A unit test checks that each exception httpx can raise has an entry here.
+ERROR_CLASSES: tuple[tuple[type[Exception], str], ...] = (
+    (TotalTimeout, "total_timeout"),
+    (httpx.ConnectTimeout, "connect_timeout"),
+    (httpx.ReadTimeout, "read_timeout"),
+    (httpx.WriteTimeout, "read_timeout"),
+    (httpx.PoolTimeout, "read_timeout"),
+    (httpx.TimeoutException, "read_timeout"),
+    (httpx.ConnectError, "connect_error"),  # "tls_error" when the TLS handshake failed
+    (httpx.NetworkError, "network_error"),  # read, write, close
+    (httpx.RemoteProtocolError, "protocol_error"),  # the receiver's answer is not valid HTTP/1.1
+    (httpx.DecodingError, "protocol_error"),
+    (httpx.TooManyRedirects, "protocol_error"),
+    (httpx.ProxyError, "network_error"),
+    # The request could not be made from the registered URL (a path or host no encoder takes).
+    (httpx.LocalProtocolError, "invalid_request"),
+    (httpx.UnsupportedProtocol, "invalid_url"),
+    (httpx.InvalidURL, "invalid_url"),
+    (UnicodeError, "invalid_url"),
+    (httpx.HTTPError, "transport_error"),
+)
+HANDLED: tuple[type[Exception], ...] = tuple(cls for cls, _ in ERROR_CLASSES)
+# The registered URL itself cannot be sent to: retrying cannot help, the delivery fails.
+PERMANENT = frozenset({"invalid_url", "invalid_request"})
+
+
+def _error_class(exc: Exception) -> str:
+    name = next((n for cls, n in ERROR_CLASSES if isinstance(exc, cls)), type(exc).__name__)
+    if name == "connect_error" and _caused_by(exc, ssl.SSLError):
+        return "tls_error"
+    return name
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(8):  # httpx wraps httpcore wraps the socket's error: a short chain
+        if seen is None:
+            return False
+        if isinstance(seen, kind):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class _Deadline(threading.local):
+    """The monotonic time the current thread's exchange must end by (None outside a POST)."""
+
+    at: float | None = None
+
+
+_DEADLINE = _Deadline()
+
+
+def _bounded(timeout: float | None) -> float | None:
+    """``timeout`` shortened to what is left before the deadline; raises once nothing is left."""
+    at = _DEADLINE.at
+    if at is None:
+        return timeout
+    left = at - time.monotonic()
+    if left <= 0:
+        raise TotalTimeout
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read and write ends by the deadline, not just within a read timeout:
+    one byte every few seconds resets a read timeout forever."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _bounded(timeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _bounded(timeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        try:
+            left = _bounded(timeout)
+        except TotalTimeout:
+            self._inner.close()  # as a failed handshake does: httpcore leaves closing to start_tls
+            raise
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, left))
+
+    def get_extra_info(self, info: str) -> typing.Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.SyncBackend):
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.NetworkStream:
+        return _DeadlineStream(
+            super().connect_tcp(host, port, _bounded(timeout), local_address, socket_options)
+        )
+
+
+class _Transport(httpx.HTTPTransport):
+    """httpx's transport over the deadline backend.
+
+    ``httpx.HTTPTransport`` takes no network backend, so this builds the same httpcore pool it
+    would, with one; ``handle_request`` (and its error mapping) is httpx's own.
+    """
+
+    def __init__(self, verify: ssl.SSLContext | bool, limits: httpx.Limits) -> None:
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(verify=verify, trust_env=False),
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=_DeadlineBackend(),
+        )
 
 
 class Sender:
@@ -68,13 +185,14 @@ class Sender:
             if client is None:
                 lim = self.limits
                 client = httpx.Client(
-                    verify=self._verify,
+                    transport=_Transport(
+                        self._verify, httpx.Limits(max_connections=32, max_keepalive_connections=16)
+                    ),
                     follow_redirects=False,
                     trust_env=False,
                     timeout=httpx.Timeout(
                         connect=lim.connect_timeout, read=lim.read_timeout, write=lim.read_timeout, pool=5.0
                     ),
-                    limits=httpx.Limits(max_connections=32, max_keepalive_connections=16),
                 )
                 self._clients[key] = client
                 while len(self._clients) > _MAX_CLIENTS:
@@ -89,58 +207,85 @@ class Sender:
             self._clients.clear()
 
     def post(self, url: str, headers: dict[str, str], body: bytes) -> AttemptResult:
-        """POST ``body`` (the exact signed bytes) and describe what happened; never raises for I/O."""
+        """POST ``body`` (the exact signed bytes) and describe what happened.
+
+        Never raises for I/O, for the registered URL or for anything the receiver answers.
+        """
         started = time.monotonic()
         try:
             vetted = self.guard.vet(url)
+        except HostNotResolved as exc:
+            # DNS may answer later: retried, unlike a refused address.
+            return AttemptResult(
+                None, "dns_error", response_body=exc.message[:_MAX_DETAIL], latency_ms=_ms(started)
+            )
         except EgressRefused as exc:
-            return AttemptResult(None, "egress_refused", response_body=exc.message[:500], refused=True)
+            return AttemptResult(
+                None, "egress_refused", response_body=exc.message[:_MAX_DETAIL], refused=True
+            )
         except DeliveryError as exc:
-            return AttemptResult(None, "invalid_url", response_body=exc.message[:500], refused=True)
+            return AttemptResult(None, "invalid_url", response_body=exc.message[:_MAX_DETAIL], refused=True)
+        deadline = started + self.limits.total_timeout
+        _DEADLINE.at = deadline
+        try:
+            return self._exchange(vetted, headers, body, started)
+        except HANDLED as exc:
+            name = _error_class(exc)
+            if isinstance(exc, httpx.TimeoutException) and time.monotonic() >= deadline:
+                name = "total_timeout"  # the last read was cut short by the deadline
+            return AttemptResult(
+                None,
+                name,
+                response_body=str(exc)[:_MAX_DETAIL] or None,
+                latency_ms=_ms(started),
+                refused=name in PERMANENT,
+            )
+        finally:
+            _DEADLINE.at = None
+
+    def _exchange(
+        self, vetted: Vetted, headers: dict[str, str], body: bytes, started: float
+    ) -> AttemptResult:
         target = vetted.target
         ip = vetted.address
         host = f"[{ip}]" if ip.version == 6 else str(ip)
         request_url = f"{target.scheme}://{host}:{target.port}{target.path}"
         extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
         client = self._client(vetted)
+        request = client.build_request(
+            "POST",
+            request_url,
+            content=body,
+            headers={
+                **headers,
+                "host": target.host_header,
+                "user-agent": "fatura-webhooks/1",
+                "accept-encoding": "identity",
+            },
+            extensions=extensions,
+        )
+        response = client.send(request, stream=True)
         try:
-            request = client.build_request(
-                "POST",
-                request_url,
-                content=body,
-                headers={
-                    **headers,
-                    "host": target.host_header,
-                    "user-agent": "fatura-webhooks/1",
-                    "accept-encoding": "identity",
-                },
-                extensions=extensions,
-            )
-            response = client.send(request, stream=True)
-            try:
-                data = self._read_capped(response, started)
-                status = response.status_code
-                retry_after = parse_retry_after(response.headers.get("retry-after"))
-            finally:
-                response.close()
-        except httpx.HTTPError as exc:
-            return AttemptResult(None, _error_class(exc), latency_ms=_ms(started))
-        except TotalTimeout:
-            return AttemptResult(None, "total_timeout", latency_ms=_ms(started))
+            data = self._read_capped(response)
+            status = response.status_code
+            # Several fields are each a floor: the longest valid one counts; bad ones are ignored.
+            wait = retry_after(response.headers.get_list("retry-after"))
+        finally:
+            response.close()
         return AttemptResult(
             status,
             None,
-            retry_after_seconds=retry_after,
+            retry_after_seconds=wait,
             response_body=data.decode("utf-8", errors="replace"),
             latency_ms=_ms(started),
         )
 
-    def _read_capped(self, response: httpx.Response, started: float) -> bytes:
+    def _read_capped(self, response: httpx.Response) -> bytes:
         cap = self.limits.max_response_bytes
         kept = bytearray()
+        if cap == 0:
+            return b""
         for chunk in response.iter_raw():
-            if time.monotonic() - started > self.limits.total_timeout:
-                raise TotalTimeout
             kept += chunk[: cap - len(kept)]
             if len(kept) >= cap:
                 break  # the rest is never read: closing the response drops the connection
