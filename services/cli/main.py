@@ -21,6 +21,7 @@ _COMMAND_MODULES = (
     "services.cli.suppliers",
     "services.cli.bench",
     "services.cli.sandbox",
+    "services.chaos.cli",
 )
 
 
