@@ -9,11 +9,13 @@ can work on (RabbitMQ requeues unacked deliveries only when the connection dies 
 from __future__ import annotations
 
 import logging
+import random
 import signal
 import threading
 from collections.abc import Callable, Collection
 
 from dramatiq import Worker
+from dramatiq.errors import BrokerConnectionError
 
 from services.common.broker import QuorumRabbitmqBroker
 from services.common.ops_server import ReadyCheck, start_ops_server
@@ -30,6 +32,24 @@ def stop_on_signals(stop: threading.Event, name: str) -> None:
     signal.signal(signal.SIGINT, on_signal)
 
 
+def _declare(broker: QuorumRabbitmqBroker, queues: Collection[str], stop: threading.Event) -> bool:
+    """Declare the queues, waiting for RabbitMQ with backoff if it is not there yet (a worker started
+    during an outage waits instead of exiting). False when asked to stop meanwhile."""
+    delay = 0.5
+    while not stop.is_set():
+        try:
+            for queue in queues:
+                broker.declare_queue(queue, ensure=True)
+            return True
+        except BrokerConnectionError as exc:
+            log.warning(
+                "RabbitMQ not reachable to declare %s (%s); retrying in %.1fs", sorted(queues), exc, delay
+            )
+            stop.wait(random.uniform(delay / 2, delay))
+            delay = min(delay * 2, 10.0)
+    return False
+
+
 def run_worker(
     broker: QuorumRabbitmqBroker,
     *,
@@ -44,8 +64,10 @@ def run_worker(
 ) -> int:
     """Consume ``queues`` until ``stop`` is set; returns the process exit code."""
     ops = start_ops_server(metrics_port, ready) if metrics_port else None
-    for queue in queues:
-        broker.declare_queue(queue, ensure=True)
+    if not _declare(broker, queues, stop):
+        if ops is not None:
+            ops.shutdown()
+        return 0
     worker = Worker(
         broker,
         queues=set(queues),

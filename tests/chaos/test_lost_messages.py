@@ -6,6 +6,7 @@ what it re-drove."""
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -15,6 +16,7 @@ import pytest
 
 from fix_amqp import AMQP_URL
 from fix_pipeline import TERMINAL, Pipeline, StartPipeline
+from services.common.broker import DELIVERY_LIMIT
 from services.limiter.client import LimiterClient
 from services.sandbox.samples import load_samples
 
@@ -157,3 +159,42 @@ def test_a_worker_that_loses_its_job_cuts_the_call_and_releases_its_permit(pipe:
             (tenant.id,),
         ).fetchone()
     assert charged is not None and charged["t"] == job["estimated_tokens"]
+
+
+def test_a_message_that_keeps_killing_its_worker_ends_in_dead_letters_with_its_reason(pipe: Pipeline) -> None:
+    # Given a requested event whose every delivery kills the worker that takes it (the worker dies
+    # after committing the inbox row, before the ack, each time)
+    tenant = pipe.make_tenant()
+    job_id = pipe.submit(tenant, load_samples()[3].text)
+    _wait(lambda: _published(pipe, job_id), what="the relay published the event")
+    with pipe.pool.connection() as conn:
+        event = conn.execute("SELECT event_id FROM outbox_events WHERE job_id = %s", (job_id,)).fetchone()
+    assert event is not None
+    message_id = str(event["event_id"])
+
+    def dead_letter() -> dict[str, object] | None:
+        with pipe.pool.connection() as conn:
+            row: dict[str, object] | None = conn.execute(
+                "SELECT * FROM dead_letters WHERE message_id = %s", (message_id,)
+            ).fetchone()
+        return row
+
+    # When a worker is started again after each death (as a supervisor would)
+    deaths = 0
+    deadline = time.monotonic() + 120
+    while dead_letter() is None and time.monotonic() < deadline:
+        doomed = pipe.spawn(
+            "inference-worker",
+            **{**pipe.env, "FATURA_FAULTS": "crash_after_inbox_commit", "FATURA_INFERENCE_METRICS_PORT": "0"},
+        )
+        try:
+            doomed.wait_exit(timeout=15)
+            deaths += 1
+        except subprocess.TimeoutExpired:
+            doomed.kill()  # no delivery came: RabbitMQ has given up on the message
+    # Then RabbitMQ gave up at the delivery limit, and the scheduler recorded it with its reason
+    row = dead_letter()
+    assert row is not None, f"no dead letter after {deaths} worker deaths"
+    assert (row["source"], row["reason"]) == ("broker", "delivery_limit")
+    assert DELIVERY_LIMIT <= deaths <= DELIVERY_LIMIT + 2
+    assert row["message"]["kwargs"]["event"]["job_id"] == job_id  # type: ignore[index]

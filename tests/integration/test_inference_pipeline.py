@@ -235,8 +235,13 @@ def test_a_provider_answer_that_is_not_json_is_an_attempt_outcome_and_the_job_is
     job = pipe.wait_state(job_id, TERMINAL)
     assert job["state"] == "SUCCEEDED"
     assert job["attempt"] == 2
-    outcomes = [a["outcome"] for a in pipe.attempts(job_id)]
-    assert outcomes == ["broken_json", "ok"]
+    attempts = pipe.attempts(job_id)
+    assert [a["outcome"] for a in attempts] == ["broken_json", "ok"]
+    # And the job's usage is the sum over both calls: the broken answer may be billed too
+    assert all(a["input_tokens"] and a["output_tokens"] for a in attempts)
+    assert job["usage"]["input_tokens"] == sum(a["input_tokens"] for a in attempts)
+    assert job["usage"]["output_tokens"] == sum(a["output_tokens"] for a in attempts)
+    assert job["usage"]["total_tokens"] == sum(a["input_tokens"] + a["output_tokens"] for a in attempts)
 
 
 @pytest.mark.parametrize("mode", ["hallucinated_iban", "obey_injection"])
