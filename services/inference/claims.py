@@ -29,7 +29,7 @@ from services.common.uow import JobChange, UnitOfWork, unit_of_work
 from services.inference import metrics
 from services.inference.fairness import TenantLoad, order_tenants, prefer
 from services.inference.providers.base import Hop
-from services.limiter.model import Denial, Grant
+from services.limiter import Denial, Grant
 
 log = logging.getLogger(__name__)
 Q = load_queries(Path(__file__).with_name("sql") / "inference.sql")

@@ -35,9 +35,7 @@ from services.inference.providers.cancel import CallScope
 from services.inference.retry import RetryPolicy
 from services.inference.settings import InferenceSettings
 from services.inference.validation import MasterSupplier, ValidationContext, normalize_tax_id, validate
-from services.limiter.client import LimiterClient
-from services.limiter.errors import LimiterError
-from services.limiter.model import Denial, DenyReason, Grant, Outcome
+from services.limiter import Denial, DenyReason, Grant, LimiterClient, LimiterError, Outcome
 
 log = logging.getLogger(__name__)
 

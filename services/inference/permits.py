@@ -7,9 +7,7 @@ import logging
 import threading
 
 from services.inference.providers.base import PermitDenied, PermitGranted
-from services.limiter.client import LimiterClient
-from services.limiter.errors import LimiterError
-from services.limiter.model import Denial, Grant, Outcome
+from services.limiter import Denial, Grant, LimiterClient, LimiterError, Outcome
 
 log = logging.getLogger(__name__)
 

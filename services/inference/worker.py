@@ -28,7 +28,7 @@ from services.inference.inbox import Received, receive
 from services.inference.providers.base import Provider
 from services.inference.providers.gateway import Gateway
 from services.inference.settings import InferenceSettings
-from services.limiter.client import LimiterClient
+from services.limiter import LimiterClient
 
 log = logging.getLogger(__name__)
 

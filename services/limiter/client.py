@@ -37,6 +37,19 @@ from services.limiter.ids import permit_id_for
 from services.limiter.model import Denial, DenyReason, Dimension, Grant, Outcome, PoolStatus
 from services.limiter.settings import LimiterSettings
 
+# The limiter's public surface for other services (re-exported by ``services.limiter``).
+__all__ = [
+    "Denial",
+    "DenyReason",
+    "Dimension",
+    "Grant",
+    "LimiterClient",
+    "LimiterError",
+    "LimiterUnavailable",
+    "Outcome",
+    "PoolStatus",
+]
+
 log = logging.getLogger(__name__)
 
 EMERGENCY = Counter(

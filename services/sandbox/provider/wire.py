@@ -7,16 +7,26 @@ deterministic estimate (about four characters a token), so the same request alwa
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from services.inference.prompt import fenced_document
-
 FINGERPRINT = "fatura-sandbox-simulator"
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 MESSAGE_OVERHEAD_TOKENS = 4
+
+# How the simulated model finds the document in a prompt, as any reader of a prompt would: a block
+# between a "-----BEGIN <label>-----" line and the matching "-----END <label>-----" line (the
+# convention PEM made common). It knows nothing of who wrote the prompt.
+_BLOCK = re.compile(r"^-----BEGIN ([^\n]{1,80}?)-----\n(.*)\n-----END \1-----$", re.DOTALL | re.MULTILINE)
+
+
+def delimited_block(content: str) -> str | None:
+    """The text of the first BEGIN/END block in ``content``, or None when there is none."""
+    match = _BLOCK.search(content)
+    return match.group(2) if match else None
 
 
 class RequestError(ValueError):
@@ -48,11 +58,11 @@ class ChatRequest:
 
     @property
     def document(self) -> str:
-        """The document text: inside the prompt's fence, else the whole last user message."""
+        """The document text: inside a BEGIN/END block of the last user message, else all of it."""
         last = next((m for m in reversed(self.messages) if m["role"] == "user"), self.messages[-1])
         content = message_text(last)
-        fenced = fenced_document(content)
-        return content if fenced is None else fenced
+        block = delimited_block(content)
+        return content if block is None else block
 
     @property
     def prompt_tokens(self) -> int:
