@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -79,4 +80,11 @@ def _run(args: argparse.Namespace) -> int:
     console.print(
         f"fatura chaos run: {len(scenarios)} scenario(s), {jobs} jobs per burst, report in {args.report}"
     )
+    # SIGTERM stops a run the way Ctrl-C does: the current scenario's processes, database, queues
+    # and keys are removed on the way out.
+    signal.signal(signal.SIGTERM, _interrupt)
     return Runner(settings, jobs, Path(args.report), console).run(scenarios)
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt

@@ -351,6 +351,17 @@ class ChaosStack:
                 closed += 1
         return closed, len(connections)
 
+    def dead_letter_queue_messages(self) -> int:
+        """Messages waiting in this stack's dead-letter queues (``<queue>.XQ``) on the server."""
+        ctl = self.settings.rabbitmqctl
+        listed = _rabbitmqctl(ctl, "list_queues", "name", "messages", "--no-table-headers")
+        total = 0
+        for line in listed.splitlines():
+            name, _, messages = line.partition("\t")
+            if name.startswith(f"{self.prefix}.") and name.endswith(".XQ") and messages.strip().isdigit():
+                total += int(messages)
+        return total
+
     # ------------------------------------------------------------ the end
 
     def close(self) -> list[str]:

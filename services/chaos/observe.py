@@ -5,6 +5,7 @@ admin endpoints, never through a fault proxy."""
 from __future__ import annotations
 
 import logging
+import subprocess
 import threading
 import time
 import uuid
@@ -162,8 +163,14 @@ def gather(
         drained_at=progress.drained_at,
     )
     undelivered = sum(1 for r in delivery_rows if r["state"] != "delivered")
+    try:
+        queued_dead = stack.dead_letter_queue_messages()
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("could not read the dead-letter queues: %s", exc)
+        queued_dead = -1
     figures = {
         "dead_letters": int(backlog.get("dead_letters", 0)),
+        "dead_letter_queue_messages": queued_dead,
         "unpublished_events": int(backlog.get("unpublished", 0)),
         "deliveries": len(delivery_rows),
         "deliveries_not_delivered": undelivered,

@@ -97,7 +97,8 @@ def _caption(result: ScenarioResult) -> str:
     figures = result.figures
     if figures:
         parts.append(
-            f"dead letters {figures.get('dead_letters', 0)}, unpublished events "
+            f"dead letters {figures.get('dead_letters', 0)} (in .XQ queues "
+            f"{figures.get('dead_letter_queue_messages', 0)}), unpublished events "
             f"{figures.get('unpublished_events', 0)}, stale attempts {figures.get('stale_attempts', 0)}, "
             f"model calls {figures.get('provider_requests', 0)}"
         )
