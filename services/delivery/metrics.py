@@ -6,10 +6,6 @@ from prometheus_client import Counter, Gauge, Histogram
 
 OUTCOMES = Counter("fatura_delivery_outcomes_total", "Delivery attempts by resulting state", ["state"])
 DELIVERIES_CREATED = Counter("fatura_deliveries_created_total", "Deliveries created (event x endpoint)")
-DUPLICATE_EVENTS = Counter("fatura_delivery_duplicate_events_total", "Events received again (deduped)")
-INBOX_CONFLICTS = Counter(
-    "fatura_delivery_inbox_conflicts_total", "Event ids seen again with a different payload (quarantined)"
-)
 POSTPONED = Counter("fatura_delivery_postponed_total", "Due deliveries that waited, by cause", ["cause"])
 STALE = Counter("fatura_delivery_stale_outcomes_total", "Outcomes discarded because the claim was lost")
 BREAKER_OPENED = Counter("fatura_delivery_breaker_opened_total", "Endpoint circuit breakers opened")

@@ -15,9 +15,9 @@ from typing import Any
 
 from psycopg import Connection
 from psycopg.rows import DictRow
-from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
+from services.common import inbox
 from services.common.messages import BadMessage, EventMessage
 from services.common.queries import load_queries
 from services.delivery import metrics, outcomes, payload, signing
@@ -29,35 +29,19 @@ Q = load_queries(Path(__file__).with_name("sql") / "delivery.sql")
 
 
 def ingest(pool: ConnectionPool[Any], event: EventMessage) -> list[uuid.UUID]:
-    """Dedup the event by id and create one delivery per matching endpoint; returns those to wake.
+    """Take the event in (the inbox protocol) and create one delivery per matching endpoint in the
+    same transaction; returns those to wake.
 
     A replay of an event already taken in returns nothing (its deliveries exist and the scheduler
     wakes any that were not woken). The same id with a different payload is quarantined (committed)
     and then refused as poison, so it is also a dead letter an operator sees.
     """
-    conflict = False
     with pool.connection() as conn, conn.transaction():
-        params = {"event_id": event.event_id, "job_id": event.job_id, "digest": event.digest}
-        if conn.execute(Q["inbox_insert"], params).fetchone() is None:
-            stored = conn.execute(Q["inbox_digest"], params).fetchone()
-            if stored is not None and stored["payload_digest"] != event.digest:
-                metrics.INBOX_CONFLICTS.inc()
-                log.error("event %s arrived again with a different payload; quarantined", event.event_id)
-                conn.execute(
-                    Q["quarantine"],
-                    {**params, "payload": Jsonb(event.payload), "reason": "same event id, different payload"},
-                )
-                conflict = True
-            else:
-                metrics.DUPLICATE_EVENTS.inc()
-                return []
-        else:
+        received = inbox.take(conn, inbox.DELIVERY, event)
+        if received is inbox.Received.NEW:
             return _create_deliveries(conn, event)
-    if conflict:
-        raise BadMessage(
-            "digest_conflict",
-            f"event {event.event_id} arrived again with a different payload; the first one stands",
-        )
+    if received is inbox.Received.QUARANTINED:
+        raise inbox.conflict(event)
     return []
 
 

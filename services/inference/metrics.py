@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-INBOX = Counter(
-    "fatura_inference_inbox_total", "Events received by the inference ingest actor, by result", ["result"]
-)
 CLAIMS = Counter("fatura_inference_claims_total", "Claim tries of execution slots, by result", ["result"])
 DEFERRALS = Counter(
     "fatura_inference_deferrals_total", "Jobs deferred because the limiter denied a permit", ["reason"]

@@ -18,13 +18,12 @@ from typing import Any
 import dramatiq
 from pika.exceptions import AMQPError
 
-from services.common import deadletters, events, faults, readiness
+from services.common import deadletters, events, faults, inbox, readiness
 from services.common.broker import QuorumRabbitmqBroker, install, make_broker
 from services.common.db import sync_pool
 from services.common.messages import BadMessage, parse_event
 from services.common.worker import run_worker, stop_on_signals
 from services.inference.executor import Executor
-from services.inference.inbox import Received, receive
 from services.inference.providers.base import Provider
 from services.inference.providers.gateway import Gateway
 from services.inference.settings import InferenceSettings
@@ -58,14 +57,12 @@ def declare_actors(
         if unexpected:
             raise BadMessage("malformed", f"unexpected arguments {sorted(unexpected)}")
         parsed = parse_event(event, INGEST_TYPES)
-        received = receive(pool, parsed)
+        with pool.connection() as conn, conn.transaction():
+            received = inbox.take(conn, inbox.EXECUTION, parsed)
         faults.point(settings.common.faults, faults.CRASH_AFTER_INBOX_COMMIT)
-        if received is Received.QUARANTINED:
-            raise BadMessage(
-                "digest_conflict",
-                f"event {parsed.event_id} arrived again with a different payload; the first one stands",
-            )
-        if received is Received.NEW and parsed.event_type == events.EXTRACTION_REQUESTED:
+        if received is inbox.Received.QUARANTINED:
+            raise inbox.conflict(parsed)
+        if received is inbox.Received.NEW and parsed.event_type == events.EXTRACTION_REQUESTED:
             try:
                 run_actor.send()
             except (AMQPError, dramatiq.errors.BrokerConnectionError) as exc:

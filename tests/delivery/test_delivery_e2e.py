@@ -262,7 +262,8 @@ def test_an_event_delivered_twice_by_the_broker_makes_one_delivery_and_a_changed
     def quarantined() -> int:
         with pool.connection() as conn:
             row = conn.execute(
-                "SELECT count(*) AS n FROM delivery_quarantine WHERE event_id = %s", (event["event_id"],)
+                "SELECT count(*) AS n FROM inbox_quarantine WHERE inbox = 'delivery_inbox' AND event_id = %s",
+                (event["event_id"],),
             ).fetchone()
         return int(row["n"]) if row else 0
 

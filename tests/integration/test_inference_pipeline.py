@@ -131,7 +131,8 @@ def test_an_event_id_seen_again_with_another_payload_is_quarantined_not_applied(
     while time.monotonic() < deadline:
         with pipe.pool.connection() as conn:
             row = conn.execute(
-                "SELECT * FROM execution_inbox_quarantine WHERE event_id = %s", (event["event_id"],)
+                "SELECT * FROM inbox_quarantine WHERE inbox = 'execution_inbox' AND event_id = %s",
+                (event["event_id"],),
             ).fetchone()
         if row is not None:
             break
@@ -139,6 +140,17 @@ def test_an_event_id_seen_again_with_another_payload_is_quarantined_not_applied(
     assert row is not None, "the conflicting event was not quarantined"
     assert row["payload"]["state_version"] == 7
     assert pipe.job(job_id)["attempt"] == 1
+    # And the refused message is a dead letter an operator sees, with its reason
+    deadline = time.monotonic() + 10
+    letter = None
+    while time.monotonic() < deadline and letter is None:
+        with pipe.pool.connection() as conn:
+            letter = conn.execute(
+                "SELECT reason FROM dead_letters WHERE message -> 'kwargs' -> 'event' ->> 'event_id' = %s",
+                (event["event_id"],),
+            ).fetchone()
+        time.sleep(0.1)
+    assert letter is not None and letter["reason"] == "digest_conflict"
 
 
 @pytest.mark.parametrize(

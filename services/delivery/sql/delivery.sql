@@ -1,19 +1,6 @@
 -- Queries of the delivery worker and scheduler. Parameters always go through placeholders.
 -- Lock order, everywhere: an endpoint row before its delivery rows.
 
--- name: inbox_insert
-INSERT INTO delivery_inbox (event_id, job_id, payload_digest)
-VALUES (%(event_id)s, %(job_id)s, %(digest)s)
-ON CONFLICT (event_id) DO NOTHING
-RETURNING event_id
-
--- name: inbox_digest
-SELECT payload_digest FROM delivery_inbox WHERE event_id = %(event_id)s
-
--- name: quarantine
-INSERT INTO delivery_quarantine (event_id, payload, payload_digest, reason)
-VALUES (%(event_id)s, %(payload)s, %(digest)s, %(reason)s)
-
 -- name: job_for_event
 -- The job row as JSON (so columns other services add, such as `result`, come along), and when and
 -- in which state the job reached the event's state version.

@@ -1,18 +1,5 @@
--- Statements of the inference worker: the execution inbox, the fair claim, fenced completions and
--- lease heartbeats. Every write to a job a worker owns is conditional on its fence.
-
--- name: inbox_insert
-INSERT INTO execution_inbox (event_id, job_id, event_type, payload_digest)
-VALUES (%(event_id)s, %(job_id)s, %(event_type)s, %(digest)s)
-ON CONFLICT (event_id) DO NOTHING
-RETURNING event_id
-
--- name: inbox_digest
-SELECT payload_digest FROM execution_inbox WHERE event_id = %(event_id)s
-
--- name: inbox_quarantine
-INSERT INTO execution_inbox_quarantine (event_id, stored_digest, received_digest, payload)
-VALUES (%(event_id)s, %(stored_digest)s, %(digest)s, %(payload)s)
+-- Statements of the inference worker: the fair claim, fenced completions and lease heartbeats.
+-- Every write to a job a worker owns is conditional on its fence.
 
 -- name: tenant_loads
 -- Tenants with eligible work, found by a skip scan of extraction_jobs_eligible_by_tenant (one

@@ -1,0 +1,86 @@
+"""The inbox protocol every consumer follows (DESIGN §2 step 3, §5.3): each delivered event is taken
+in once, by ``event_id``, inside the consumer's own transaction.
+
+The same id again with the same payload digest is a duplicate (at-least-once delivery: nothing to
+do). The same id with a different digest is quarantined in ``inbox_quarantine`` and never applied
+nor allowed to overwrite what was taken in; the consumer then refuses the message as poison, so it
+is also a dead letter an operator sees.
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import Counter
+from psycopg import Connection, sql
+from psycopg.types.json import Jsonb
+
+from services.common.messages import BadMessage, EventMessage
+from services.common.queries import load_queries
+
+log = logging.getLogger(__name__)
+_Q = load_queries(Path(__file__).with_name("sql") / "inbox.sql")
+
+EXECUTION = "execution_inbox"
+DELIVERY = "delivery_inbox"
+_QUERIES = {
+    name: {key: sql.SQL(text).format(inbox=sql.Identifier(name)) for key, text in _Q.items()}
+    for name in (EXECUTION, DELIVERY)
+}
+
+EVENTS = Counter(
+    "fatura_inbox_events_total", "Events a consumer's inbox received, by result", ["inbox", "result"]
+)
+
+
+class Received(StrEnum):
+    NEW = "new"
+    DUPLICATE = "duplicate"
+    QUARANTINED = "quarantined"
+
+
+def take(conn: Connection[Any], inbox: str, event: EventMessage) -> Received:
+    """Record ``event`` in ``inbox`` on ``conn``, inside the caller's open transaction."""
+    q = _QUERIES[inbox]
+    params = {
+        "event_id": event.event_id,
+        "job_id": event.job_id,
+        "event_type": event.event_type,
+        "digest": event.digest,
+    }
+    if conn.execute(q["insert"], params).fetchone() is not None:
+        result = Received.NEW
+    else:
+        stored = conn.execute(q["stored_digest"], params).fetchone()
+        stored_digest = stored["payload_digest"] if stored else ""
+        if stored_digest == event.digest:
+            result = Received.DUPLICATE
+        else:
+            conn.execute(
+                q["quarantine"],
+                {
+                    **params,
+                    "inbox_name": inbox,
+                    "stored_digest": stored_digest,
+                    "payload": Jsonb(event.payload),
+                },
+            )
+            log.error(
+                "%s: event %s arrived again with a different payload (digest %s, stored %s): quarantined",
+                inbox,
+                event.event_id,
+                event.digest,
+                stored_digest,
+            )
+            result = Received.QUARANTINED
+    EVENTS.labels(inbox, result.value).inc()
+    return result
+
+
+def conflict(event: EventMessage) -> BadMessage:
+    """The refusal of a quarantined event, raised by the consumer after its transaction committed."""
+    detail = f"event {event.event_id} arrived again with a different payload; the first one stands"
+    return BadMessage("digest_conflict", detail)
