@@ -203,6 +203,11 @@ class Jobs:
             [{"code": "arithmetic", "message": "lines do not sum"}] if state == "REVIEW_REQUIRED" else None
         )
         with unit_of_work(self.pool) as uow:
+            # As a worker would: the job was claimed (RUNNING) before it finished
+            uow.execute(
+                "UPDATE extraction_jobs SET state = 'RUNNING' WHERE id = %(id)s AND state <> 'RUNNING'",
+                {"id": job_id},
+            )
             row = uow.execute(
                 """UPDATE extraction_jobs
                    SET state = %(state)s, state_version = state_version + 1, result = %(result)s,

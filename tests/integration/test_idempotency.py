@@ -96,6 +96,9 @@ def test_a_replay_of_a_finished_job_says_it_is_done(
     first = submit(tenant, key="invoice-9").json()
     with pool.connection() as conn:
         conn.execute(
+            "UPDATE extraction_jobs SET state = 'RUNNING' WHERE id = %s", (uuid.UUID(first["job_id"]),)
+        )
+        conn.execute(
             "UPDATE extraction_jobs SET state = 'SUCCEEDED', state_version = 2 WHERE id = %s",
             (uuid.UUID(first["job_id"]),),
         )

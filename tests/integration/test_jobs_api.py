@@ -187,7 +187,8 @@ def test_a_finished_job_cannot_be_cancelled(
 ) -> None:
     """Given a job that already succeeded, a cancel is refused with 409 and the job is untouched."""
     job_id = submit(tenant).json()["job_id"]
-    with pool.connection() as conn:  # stands in for the inference worker finishing the job
+    with pool.connection() as conn:  # stands in for the inference worker claiming and finishing the job
+        conn.execute("UPDATE extraction_jobs SET state = 'RUNNING' WHERE id = %s", (uuid.UUID(job_id),))
         conn.execute(
             "UPDATE extraction_jobs SET state = 'SUCCEEDED', state_version = 2, finished_at = now()"
             " WHERE id = %s",
