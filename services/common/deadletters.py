@@ -19,20 +19,23 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import dramatiq
+import pika.exceptions
 from dramatiq.common import xq_name
 from dramatiq.errors import DecodeError
 from prometheus_client import Counter, Gauge
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from services.common import events
 from services.common.queries import load_queries
 
 log = logging.getLogger(__name__)
@@ -326,3 +329,132 @@ def prune(pool: ConnectionPool[Any], retention_days: float) -> int:
     with pool.connection() as conn:
         rows = conn.execute(Q["prune"], {"days": retention_days}).fetchall()
     return len(rows)
+
+
+# What operators use (the CLI and the operator endpoints): one grammar for "since", queue names
+# with or without the deployment's prefix, the ids they name, reads for the asynchronous edge, and
+# what RabbitMQ holds in the dead-letter queues that the schedulers have not drained yet.
+
+_RELATIVE = r"[0-9]{1,7}[smhd]"
+_ABSOLUTE = (
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}(T[0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}:[0-9]{2})?)?"
+)
+SINCE_PATTERN = f"^({_RELATIVE}|{_ABSOLUTE})$"
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def parse_since(text: str, *, now: datetime | None = None) -> datetime:
+    """``30m``, ``2h``, ``7d`` back from now, or an ISO 8601 date or date-time (UTC unless it says
+    otherwise). Raises ValueError with words for the operator."""
+    if re.fullmatch(_RELATIVE, text):
+        seconds = int(text[:-1]) * _UNIT_SECONDS[text[-1]]
+        try:
+            return (now or datetime.now(UTC)) - timedelta(seconds=seconds)
+        except OverflowError:
+            raise ValueError(f"since {text!r} reaches back before the year 1") from None
+    if re.fullmatch(_ABSOLUTE, text):
+        try:
+            at = datetime.fromisoformat(text)
+        except ValueError as exc:
+            raise ValueError(f"since {text!r} is not a real date or time: {exc}") from None
+        return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+    raise ValueError(
+        f"since {text!r} is neither a time back from now (30m, 2h, 7d) nor an ISO 8601 date or "
+        "date-time (2026-05-01, 2026-05-01T08:00:00Z)"
+    )
+
+
+def queue_named(name: str, prefix: str) -> str:
+    """A queue as an operator names it: in full, or without the deployment's prefix
+    (``inference.ingest``)."""
+    short = {route.queue for routes in events.SERVICE_ROUTES.values() for route in routes}
+    return f"{prefix}.{name}" if name in short else name
+
+
+@dataclass(frozen=True)
+class IdCheck:
+    unknown: list[int]  # no such dead letter (never was, or pruned)
+    redriven: dict[int, datetime]  # redriven already, when
+
+
+def _id_check(ids: Collection[int], rows: Iterable[Mapping[str, Any]]) -> IdCheck:
+    found = {int(r["id"]): r["redriven_at"] for r in rows}
+    return IdCheck(
+        unknown=sorted(set(ids) - set(found)),
+        redriven={i: at for i, at in sorted(found.items()) if at is not None},
+    )
+
+
+def check_ids(pool: ConnectionPool[Any], ids: Collection[int]) -> IdCheck:
+    with pool.connection() as conn:
+        rows = conn.execute(Q["check_ids"], {"ids": list(ids)}).fetchall()
+    return _id_check(ids, rows)
+
+
+async def check_ids_async(pool: AsyncConnectionPool[Any], ids: Collection[int]) -> IdCheck:
+    async with pool.connection() as conn:
+        rows = await (await conn.execute(Q["check_ids"], {"ids": list(ids)})).fetchall()
+    return _id_check(ids, rows)
+
+
+async def listing_async(
+    pool: AsyncConnectionPool[Any],
+    *,
+    since: datetime | None = None,
+    reason: str | None = None,
+    queue: str | None = None,
+    include_redriven: bool = False,
+    limit: int = 100,
+) -> list[DeadLetter]:
+    params = {
+        "since": since,
+        "reason": reason,
+        "queue": queue,
+        "include_redriven": include_redriven,
+        "limit": limit,
+    }
+    async with pool.connection() as conn:
+        rows = await (await conn.execute(Q["list"], params)).fetchall()
+    return [DeadLetter.from_row(r) for r in rows]
+
+
+async def get_async(pool: AsyncConnectionPool[Any], dead_letter_id: int) -> DeadLetter | None:
+    async with pool.connection() as conn:
+        row = await (await conn.execute(Q["get"], {"id": dead_letter_id})).fetchone()
+    return DeadLetter.from_row(row) if row is not None else None
+
+
+async def request_redrive_async(
+    pool: AsyncConnectionPool[Any],
+    *,
+    ids: Collection[int] | None = None,
+    since: datetime | None = None,
+    reason: str | None = None,
+    queue: str | None = None,
+) -> RedriveRequest:
+    """``request_redrive`` for the asynchronous edge."""
+    params = {"ids": list(ids) if ids is not None else None, "since": since, "reason": reason, "queue": queue}
+    async with pool.connection() as conn, conn.transaction():
+        rows = await (await conn.execute(Q["request_redrive"], params)).fetchall()
+    requested = [int(r["id"]) for r in rows if r["sendable"]]
+    unsendable = [int(r["id"]) for r in rows if not r["sendable"]]
+    return RedriveRequest(requested, unsendable)
+
+
+def undrained(broker: Any, queues: Iterable[str]) -> dict[str, int | None]:
+    """How many messages sit in each queue's ``.XQ``: dead-lettered by RabbitMQ, not yet moved into
+    ``dead_letters`` by a scheduler (None: that queue was never declared). Declares nothing. Raises
+    dramatiq's ConnectionError when RabbitMQ does not answer."""
+    counts: dict[str, int | None] = {}
+    for queue in queues:
+        with broker.reconnecting():
+            try:
+                frame = broker.channel.queue_declare(xq_name(queue), passive=True)
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                if exc.reply_code != 404:
+                    raise
+                del broker.channel  # the broker closed it; the next queue gets a fresh one
+                counts[queue] = None
+                continue
+        counts[queue] = int(frame.method.message_count)
+    return counts

@@ -66,3 +66,7 @@ WHERE id IN (SELECT id FROM dead_letters
              WHERE at < now() - %(days)s::float8 * interval '1 day'
              ORDER BY at LIMIT 5000)
 RETURNING id
+
+-- name: check_ids
+-- Which of the ids an operator named exist, and which of those were redriven already.
+SELECT id, redriven_at FROM dead_letters WHERE id = ANY (%(ids)s::bigint[])
