@@ -1,21 +1,43 @@
-"""Bearer API-key authentication with a short in-process cache (revocation takes effect within its TTL)."""
+"""Bearer API-key authentication with a short in-process cache (revocation takes effect within its TTL).
+
+A key opens only the routes of its scope (``services/acceptance/keys.py``): tenant routes ask for
+``authenticate`` (a tenant key), operator routes for ``operator``. A valid key of another scope is
+403, so a caller learns it holds the wrong kind of key, not a bad one.
+"""
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
 from services.acceptance import apikeys
 from services.acceptance.admission import TenantLimits
-from services.acceptance.errors import Unauthorized
+from services.acceptance.errors import ApiError, Unauthorized
+from services.acceptance.keys import OPERATOR, TENANT
 from services.acceptance.queries import Q
 from services.acceptance.tenants import Tenant
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="fatura"'}
 _MAX_CACHED = 10_000
+
+
+class Forbidden(ApiError):
+    status = 403
+    code = "wrong_key_scope"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a valid, unrevoked key speaks for."""
+
+    prefix: str
+    scope: str
+    label: str | None
+    tenant: Tenant | None  # None for an operator key
 
 
 def _unauthorized(message: str) -> Unauthorized:
@@ -35,9 +57,30 @@ class Authenticator:
     def __init__(self, pool: AsyncConnectionPool[Any], ttl_seconds: float) -> None:
         self._pool = pool
         self._ttl = ttl_seconds
-        self._cache: OrderedDict[bytes, tuple[float, Tenant | None]] = OrderedDict()
+        self._cache: OrderedDict[bytes, tuple[float, Principal | None]] = OrderedDict()
 
     async def authenticate(self, authorization: str | None) -> Tenant:
+        """The tenant of a tenant-scoped key."""
+        principal = await self.principal(authorization)
+        if principal.scope != TENANT or principal.tenant is None:
+            raise Forbidden(
+                f"this key's scope is {principal.scope}; this route takes a tenant's key",
+                details={"key_scope": principal.scope, "required_scope": TENANT},
+            )
+        return principal.tenant
+
+    async def operator(self, authorization: str | None) -> Principal:
+        """An operator-scoped key."""
+        principal = await self.principal(authorization)
+        if principal.scope != OPERATOR:
+            raise Forbidden(
+                f"this route takes an operator key (fatura keys create --operator); this key's "
+                f"scope is {principal.scope}",
+                details={"key_scope": principal.scope, "required_scope": OPERATOR},
+            )
+        return principal
+
+    async def principal(self, authorization: str | None) -> Principal:
         token = bearer_token(authorization)
         prefix = apikeys.parse(token)
         if prefix is None:
@@ -46,15 +89,15 @@ class Authenticator:
         now = time.monotonic()
         cached = self._cache.get(cache_key)
         if cached is not None and cached[0] > now:
-            tenant = cached[1]
+            principal = cached[1]
         else:
-            tenant = await self._lookup(prefix, token)
-            self._remember(cache_key, (now + self._ttl, tenant))
-        if tenant is None:
+            principal = await self._lookup(prefix, token)
+            self._remember(cache_key, (now + self._ttl, principal))
+        if principal is None:
             raise _unauthorized("the API key is not valid or has been revoked")
-        return tenant
+        return principal
 
-    def _remember(self, key: bytes, entry: tuple[float, Tenant | None]) -> None:
+    def _remember(self, key: bytes, entry: tuple[float, Principal | None]) -> None:
         if self._ttl <= 0:
             return
         self._cache[key] = entry
@@ -62,21 +105,24 @@ class Authenticator:
         while len(self._cache) > _MAX_CACHED:
             self._cache.popitem(last=False)
 
-    async def _lookup(self, prefix: str, token: str) -> Tenant | None:
+    async def _lookup(self, prefix: str, token: str) -> Principal | None:
         async with self._pool.connection() as conn:
             row = await (await conn.execute(Q["authenticate"], {"prefix": prefix})).fetchone()
         if row is None or row["revoked_at"] is not None or not apikeys.matches(token, row["secret_hash"]):
             return None
-        return Tenant(
-            id=row["id"],
-            name=row["name"],
-            weight=row["weight"],
-            max_in_flight=row["max_in_flight"],
-            limits=TenantLimits(
-                max_pending_jobs=row["max_pending_jobs"],
-                max_pending_bytes=row["max_pending_bytes"],
-                max_pending_tokens=row["max_pending_tokens"],
-                daily_token_budget=row["daily_token_budget"],
-            ),
-            allowed_currencies=tuple(row["allowed_currencies"]),
-        )
+        tenant = None
+        if row["id"] is not None:
+            tenant = Tenant(
+                id=row["id"],
+                name=row["name"],
+                weight=row["weight"],
+                max_in_flight=row["max_in_flight"],
+                limits=TenantLimits(
+                    max_pending_jobs=row["max_pending_jobs"],
+                    max_pending_bytes=row["max_pending_bytes"],
+                    max_pending_tokens=row["max_pending_tokens"],
+                    daily_token_budget=row["daily_token_budget"],
+                ),
+                allowed_currencies=tuple(row["allowed_currencies"]),
+            )
+        return Principal(prefix=prefix, scope=row["scope"], label=row["label"], tenant=tenant)

@@ -1,10 +1,12 @@
 -- Queries of the acceptance edge. Parameters always go through placeholders.
 
 -- name: authenticate
-SELECT k.secret_hash, k.revoked_at, t.id, t.name, t.weight, t.max_in_flight, t.max_pending_jobs,
-       t.max_pending_bytes, t.max_pending_tokens, t.daily_token_budget, t.allowed_currencies
+-- An operator key belongs to no tenant: its tenant columns are NULL.
+SELECT k.secret_hash, k.revoked_at, k.scope, k.label, t.id, t.name, t.weight, t.max_in_flight,
+       t.max_pending_jobs, t.max_pending_bytes, t.max_pending_tokens, t.daily_token_budget,
+       t.allowed_currencies
 FROM api_keys k
-JOIN tenants t ON t.id = k.tenant_id
+LEFT JOIN tenants t ON t.id = k.tenant_id
 WHERE k.prefix = %(prefix)s
 
 -- name: admission_snapshot
@@ -132,6 +134,27 @@ VALUES (%(id)s, %(name)s, %(weight)s, %(max_in_flight)s, %(max_pending_jobs)s,
 -- name: create_api_key
 INSERT INTO api_keys (id, tenant_id, prefix, secret_hash)
 VALUES (%(id)s, %(tenant_id)s, %(prefix)s, %(secret_hash)s)
+
+-- name: create_scoped_api_key
+-- Returns nothing when the tenant does not exist (an operator key names none).
+INSERT INTO api_keys (id, tenant_id, prefix, secret_hash, scope, label)
+SELECT %(id)s, %(tenant_id)s::uuid, %(prefix)s, %(secret_hash)s, %(scope)s, %(label)s
+WHERE %(tenant_id)s::uuid IS NULL OR EXISTS (SELECT 1 FROM tenants WHERE id = %(tenant_id)s::uuid)
+RETURNING prefix, scope, label, tenant_id, created_at, revoked_at
+
+-- name: list_api_keys
+-- Never the hash; a tenant's keys, the operator keys, or every key.
+SELECT prefix, scope, label, tenant_id, created_at, revoked_at
+FROM api_keys
+WHERE (%(tenant_id)s::uuid IS NULL OR tenant_id = %(tenant_id)s::uuid)
+  AND (NOT %(operator)s OR scope = 'operator')
+ORDER BY created_at, prefix
+
+-- name: revoke_api_key
+-- Revoking twice keeps the first time.
+UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())
+WHERE prefix = %(prefix)s
+RETURNING prefix, scope, label, tenant_id, created_at, revoked_at
 
 -- name: tenant_exists
 SELECT 1 FROM tenants WHERE id = %(tenant_id)s
