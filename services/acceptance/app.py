@@ -22,11 +22,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.acceptance import metrics, openapi
 from services.acceptance.accept import Acceptor
-from services.acceptance.auth import Authenticator
+from services.acceptance.auth import Authenticator, Principal
 from services.acceptance.documents import store_document
 from services.acceptance.errors import ApiError, Unavailable
 from services.acceptance.idempotency import validate_key
 from services.acceptance.jobs import JobService
+from services.acceptance.ops import ops_routes
 from services.acceptance.queries import Q
 from services.acceptance.requests import RequestParser
 from services.acceptance.schemas import MAX_LIST_LIMIT
@@ -62,6 +63,9 @@ class Edge:
 
     async def tenant(self, request: Request) -> Tenant:
         return await self.auth.authenticate(request.headers.get("authorization"))
+
+    async def operator(self, request: Request) -> Principal:
+        return await self.auth.operator(request.headers.get("authorization"))
 
     async def json_body(self, request: Request) -> Any:
         self.parser.check_content_type(request.headers.get("content-type"))
@@ -153,6 +157,7 @@ def build_routes(edge: Edge) -> list[BaseRoute]:
         Route("/healthz", healthz, methods=["GET"], name="healthz"),
         Route("/readyz", readyz, methods=["GET"], name="readyz"),
         *delivery_routes(edge, edge.endpoints),
+        *ops_routes(edge, edge.pool, edge.settings.common.queue_prefix),
     ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.acceptance import schemas
+from services.acceptance import ops_schemas, schemas
 from services.acceptance.idempotency import MAX_KEY_LENGTH
 from services.acceptance.settings import AcceptanceSettings
 from services.common import states
@@ -35,6 +35,7 @@ def _error(description: str, *, retry_after: bool = False, challenge: bool = Fal
 
 _E400 = _error("Malformed request: bad JSON, a bad header, or a bad query parameter. Nothing was changed.")
 _E401 = _error("Missing or invalid API key.", challenge=True)
+_E403 = _error("A valid API key of another scope: this route takes a tenant's key, or an operator's key.")
 _E404 = _error("No such resource for this tenant.")
 _E409 = _error("Conflicts with an existing job; the body names it.")
 _E413 = _error("The body or the document is larger than allowed. Nothing was written.")
@@ -44,15 +45,24 @@ _E429 = _error("A tenant quota would be exceeded. Nothing was written.", retry_a
 _E503 = _error("The system cannot take this request now. Nothing was written.", retry_after=True)
 
 
+def _scope_errors(paths: JSON) -> None:
+    """Every route that takes a key answers 403 to a valid key of another scope."""
+    for item in paths.values():
+        for operation in item.values():
+            if operation.get("security"):
+                operation["responses"].setdefault("403", _E403)
+
+
 def build(settings: AcceptanceSettings) -> JSON:
     security: list[JSON] = [{"bearerAuth": []}]
+    operator_security: list[JSON] = [{"operatorAuth": []}]
     job_id_param = {
         "name": "job_id",
         "in": "path",
         "required": True,
         "schema": {"type": "string", "pattern": schemas.UUID_PATTERN},
     }
-    return {
+    document: JSON = {
         "openapi": "3.1.0",
         "info": {
             "title": "Fatura",
@@ -64,7 +74,14 @@ def build(settings: AcceptanceSettings) -> JSON:
             ),
         },
         "components": {
-            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearerAuth": {"type": "http", "scheme": "bearer", "description": "A tenant's API key."},
+                "operatorAuth": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "An operator's key (fatura keys create --operator): /v1/ops only.",
+                },
+            },
             "schemas": {
                 "Error": schemas.ERROR,
                 "Document": schemas.DOCUMENT,
@@ -75,6 +92,7 @@ def build(settings: AcceptanceSettings) -> JSON:
                 "CreateDocument": schemas.create_document_request(),
                 "CreateJob": schemas.create_job_request((settings.model_policy,)),
                 **delivery_openapi.COMPONENTS,
+                **ops_schemas.COMPONENTS,
             },
         },
         "paths": {
@@ -191,6 +209,19 @@ def build(settings: AcceptanceSettings) -> JSON:
             **delivery_openapi.paths(
                 security, {400: _E400, 401: _E401, 404: _E404, 409: _E409, 415: _E415, 422: _E422, 503: _E503}
             ),
+            **ops_schemas.paths(
+                operator_security,
+                {
+                    400: _E400,
+                    401: _E401,
+                    403: _E403,
+                    404: _E404,
+                    413: _E413,
+                    415: _E415,
+                    422: _E422,
+                    503: _E503,
+                },
+            ),
             "/healthz": {
                 "get": {
                     "operationId": "healthz",
@@ -212,3 +243,5 @@ def build(settings: AcceptanceSettings) -> JSON:
             },
         },
     }
+    _scope_errors(document["paths"])
+    return document
