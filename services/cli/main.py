@@ -17,11 +17,13 @@ _COMMAND_MODULES = (
     "services.cli.run",
     "services.cli.demo",
     "services.cli.tenants",
+    "services.cli.keys",
     "services.cli.endpoints",
     "services.cli.suppliers",
     "services.cli.bench",
     "services.cli.sandbox",
     "services.chaos.cli",
+    "services.cli.dlq",
 )
 
 
