@@ -18,7 +18,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from fix_db import MakeTenant, TenantHandle
+from fix_db import MakeTenant, SyncPool, TenantHandle
+from fix_ops import KeyHandle, make_operator
 from fix_processes import ServiceProcess
 from services.acceptance import openapi
 from services.acceptance.settings import AcceptanceSettings
@@ -45,16 +46,23 @@ def fuzz_tenant(make_tenant_module: MakeTenant) -> TenantHandle:
     return make_tenant_module()
 
 
+@pytest.fixture(scope="module")
+def fuzz_operator(pool: SyncPool) -> KeyHandle:
+    return make_operator(pool, label="contract test")
+
+
 @schema.parametrize()
 @settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_the_edge_honours_its_openapi_document(
-    case: schemathesis.Case, edge: ServiceProcess, fuzz_tenant: TenantHandle
+    case: schemathesis.Case, edge: ServiceProcess, fuzz_tenant: TenantHandle, fuzz_operator: KeyHandle
 ) -> None:
     # A negative case that mutates the headers may have dropped Authorization on purpose; adding the
-    # tenant's key back would turn it into a valid request that is then "wrongly" accepted.
+    # key back would turn it into a valid request that is then "wrongly" accepted. The operator
+    # routes take the operator's key, every other route the tenant's.
     headers_info = case.meta.components.get(ParameterLocation.HEADER) if case.meta else None
     mutated_headers = headers_info is not None and headers_info.mode == GenerationMode.NEGATIVE
-    headers = {} if mutated_headers else fuzz_tenant.headers
+    key = fuzz_operator if case.path.startswith("/v1/ops/") else fuzz_tenant
+    headers = {} if mutated_headers else key.headers
     case.call_and_validate(base_url=edge.base_url, headers=headers, checks=CHECKS)
 
 
@@ -74,6 +82,9 @@ def test_the_document_describes_the_routes_the_server_has(edge: ServiceProcess) 
         "/v1/webhook-endpoints/{endpoint_id}:recover",
         "/v1/deliveries",
         "/v1/deliveries/{delivery_id}:resend",
+        "/v1/ops/dead-letters",
+        "/v1/ops/dead-letters/{dead_letter_id}",
+        "/v1/ops/dead-letters:redrive",
         "/healthz",
         "/readyz",
     }
