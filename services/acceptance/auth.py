@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from services.acceptance import apikeys
 from services.acceptance.admission import TenantLimits
-from services.acceptance.errors import ApiError, Unauthorized
+from services.acceptance.errors import Unauthorized
 from services.acceptance.keys import OPERATOR, TENANT
 from services.acceptance.queries import Q
 from services.acceptance.tenants import Tenant
@@ -25,7 +25,10 @@ _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="fatura"'}
 _MAX_CACHED = 10_000
 
 
-class Forbidden(ApiError):
+class Forbidden(Unauthorized):
+    """A valid key of another scope. An ``Unauthorized`` too, so a caller that refuses a bad key (the
+    CLI's ``endpoints add``) refuses this one with its message; the edge answers its own status."""
+
     status = 403
     code = "wrong_key_scope"
 

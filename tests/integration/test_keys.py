@@ -133,3 +133,15 @@ def test_each_scope_opens_only_its_own_routes_and_a_revoked_key_opens_none(
     assert json.loads(again.stdout)["revoked_at"] is not None
     revoked = client.get("/v1/ops/dead-letters", headers=_bearer(operator))
     assert revoked.status_code == 401 and revoked.json()["error"]["code"] == "unauthorized"
+
+
+def test_a_command_that_takes_a_tenant_key_refuses_an_operator_key_with_a_message(
+    base_env: dict[str, str],
+) -> None:
+    operator = json.loads(fatura("keys", "create", "--operator", env=base_env).stdout)["api_key"]
+
+    result = fatura(
+        "endpoints", "add", "https://erp.example/hooks", "--tenant-key", operator, env=base_env, check=False
+    )
+
+    assert result.returncode == 2 and "takes a tenant's key" in result.stderr
