@@ -24,13 +24,13 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from services.acceptance import admission, metrics, views
-from services.acceptance.errors import ApiError, Conflict, Unprocessable
 from services.acceptance.idempotency import request_hash
 from services.acceptance.queries import Q
 from services.acceptance.requests import CreateJob, DocumentBody
 from services.acceptance.settings import AcceptanceSettings
-from services.acceptance.tenants import Tenant
 from services.common import events, states
+from services.common.api.errors import ApiError, Conflict, Unprocessable
+from services.common.api.tenancy import Tenant
 from services.common.ids import new_id
 from services.common.uow import JobChange, OutboxNotifier
 

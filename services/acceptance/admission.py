@@ -11,13 +11,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-
-@dataclass(frozen=True)
-class TenantLimits:
-    max_pending_jobs: int
-    max_pending_bytes: int
-    max_pending_tokens: int
-    daily_token_budget: int
+from services.common.api.tenancy import TenantLimits
 
 
 @dataclass(frozen=True)

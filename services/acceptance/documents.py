@@ -7,10 +7,10 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from services.acceptance.errors import Conflict, NotFound
 from services.acceptance.queries import Q
 from services.acceptance.requests import CreateDocument
-from services.acceptance.tenants import Tenant
+from services.common.api.errors import Conflict, NotFound
+from services.common.api.tenancy import Tenant
 from services.common.ids import new_id
 
 JSON = dict[str, Any]

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from services.acceptance.errors import ApiError
+from services.common.api.errors import ApiError
 
 MAX_KEY_LENGTH = 255
 _KEY = re.compile(r"^[\x21-\x7e]+$")  # visible ASCII, no spaces

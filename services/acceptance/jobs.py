@@ -12,10 +12,10 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from services.acceptance import metrics, views
-from services.acceptance.errors import ApiError, Conflict, NotFound
 from services.acceptance.queries import Q
-from services.acceptance.tenants import Tenant
 from services.common import events, states
+from services.common.api.errors import ApiError, Conflict, NotFound
+from services.common.api.tenancy import Tenant
 from services.common.uow import JobChange, OutboxNotifier, async_unit_of_work
 
 JSON = dict[str, Any]

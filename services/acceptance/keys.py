@@ -14,14 +14,11 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from services.acceptance import apikeys
 from services.acceptance.queries import Q
+from services.common.api import apikeys
+from services.common.api.apikeys import OPERATOR, SCOPES
 from services.common.ids import new_id
 
-TENANT = "tenant"
-REVIEWER = "reviewer"
-OPERATOR = "operator"
-SCOPES = (TENANT, REVIEWER, OPERATOR)
 MAX_LABEL = 200
 
 

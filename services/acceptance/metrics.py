@@ -1,18 +1,9 @@
-"""Prometheus metrics of the HTTP edge (multiprocess-safe: counters and histograms only)."""
+"""Prometheus metrics of the acceptance service (multiprocess-safe: counters only)."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter
 
-REQUESTS = Counter(
-    "fatura_http_requests_total", "HTTP requests by route and status", ["method", "route", "status"]
-)
-LATENCY = Histogram(
-    "fatura_http_request_seconds",
-    "HTTP request latency by route",
-    ["method", "route"],
-    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
-)
 JOBS_ACCEPTED = Counter("fatura_jobs_accepted_total", "Extraction jobs created", ["priority"])
 JOBS_CANCELLED = Counter("fatura_jobs_cancelled_total", "Extraction jobs cancelled by their tenant")
 IDEMPOTENT_REPLAYS = Counter(

@@ -1,9 +1,9 @@
-"""Turn a request's headers and JSON into typed values, or a typed client error. Nothing here does I/O."""
+"""Turn a parsed request body into typed documents and jobs, or a typed client error. No I/O here;
+the body itself is read by ``services.common.api.body``."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -12,8 +12,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
 from services.acceptance import schemas
-from services.acceptance.errors import ApiError, PayloadTooLarge, Unprocessable, UnsupportedMediaType
 from services.acceptance.settings import AcceptanceSettings
+from services.common.api.errors import PayloadTooLarge, Unprocessable
 
 _MAX_REPORTED_ERRORS = 10
 
@@ -52,42 +52,6 @@ class RequestParser:
         self._settings = settings
         self._document = Draft202012Validator(schemas.create_document_request())
         self._job = Draft202012Validator(schemas.create_job_request((settings.model_policy,)))
-
-    def check_content_type(self, content_type: str | None) -> None:
-        media_type = (content_type or "").split(";", 1)[0].strip().lower()
-        if media_type != "application/json":
-            raise UnsupportedMediaType(
-                f"the body must be sent as application/json, not {media_type or 'without a Content-Type'}"
-            )
-
-    def check_declared_length(self, content_length: str | None) -> None:
-        if content_length is None:
-            return
-        try:
-            declared = int(content_length)
-        except ValueError:
-            raise ApiError("the Content-Length header is not a number", code="bad_content_length") from None
-        if declared > self._settings.max_body_bytes:
-            raise self._body_too_large()
-
-    def _body_too_large(self) -> PayloadTooLarge:
-        return PayloadTooLarge(
-            f"the request body is larger than {self._settings.max_body_bytes} bytes",
-            code="body_too_large",
-            details={"max_bytes": self._settings.max_body_bytes},
-        )
-
-    def check_streamed_length(self, received: int) -> None:
-        if received > self._settings.max_body_bytes:
-            raise self._body_too_large()
-
-    def parse_json(self, raw: bytes) -> Any:
-        if not raw:
-            raise ApiError("the request body is empty; send a JSON object", code="malformed_json")
-        try:
-            return json.loads(raw, parse_constant=_reject_constant)
-        except (ValueError, RecursionError) as exc:
-            raise ApiError(f"the request body is not valid JSON: {exc}", code="malformed_json") from None
 
     def create_document(self, body: Any) -> CreateDocument:
         _validate(self._document, body)
@@ -128,10 +92,6 @@ class RequestParser:
                 details={"size": len(data), "max_bytes": self._settings.max_document_bytes},
             )
         return DocumentBody(text, filename, len(data), hashlib.sha256(data).hexdigest())
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
 
 
 def _validate(validator: Draft202012Validator, body: Any) -> None:

@@ -80,18 +80,6 @@ def create_job_request(model_policies: tuple[str, ...]) -> JSON:
     }
 
 
-ERROR: JSON = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {
-        "error": {
-            "type": "object",
-            "required": ["code", "message"],
-            "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
-        }
-    },
-}
-
 DOCUMENT: JSON = {
     "type": "object",
     "required": ["document_id", "version", "sha256", "size"],

@@ -6,15 +6,14 @@ import csv
 import io
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from services.acceptance import apikeys
-from services.acceptance.admission import TenantLimits
 from services.acceptance.queries import Q
+from services.common.api import apikeys
 from services.common.ids import new_id
 
 CURRENCY_CODES = frozenset(
@@ -46,16 +45,6 @@ class TenantSpec:
         unknown = [c for c in self.allowed_currencies if c not in CURRENCY_CODES]
         if unknown or not self.allowed_currencies:
             raise ValueError(f"allowed currencies must be ISO 4217 codes we know; unknown: {unknown}")
-
-
-@dataclass(frozen=True)
-class Tenant:
-    id: uuid.UUID
-    name: str
-    weight: int
-    max_in_flight: int
-    limits: TenantLimits
-    allowed_currencies: tuple[str, ...] = field(default_factory=tuple)
 
 
 def create_tenant(pool: ConnectionPool[Any], spec: TenantSpec) -> tuple[uuid.UUID, str]:

@@ -8,8 +8,8 @@ import json
 import sys
 from typing import Any
 
-from services.acceptance.auth import Authenticator
-from services.acceptance.errors import Unauthorized
+from services.common.api.auth import Authenticator
+from services.common.api.errors import Unauthorized
 from services.common.db import async_pool
 from services.delivery.errors import DeliveryError
 from services.delivery.payload import EVENT_TYPES

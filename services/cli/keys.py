@@ -14,16 +14,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from services.acceptance.keys import (
-    OPERATOR,
-    REVIEWER,
-    TENANT,
-    KeyInfo,
-    KeyRequestError,
-    create_key,
-    list_keys,
-    revoke_key,
-)
+from services.acceptance.keys import KeyInfo, KeyRequestError, create_key, list_keys, revoke_key
+from services.common.api.apikeys import OPERATOR, REVIEWER, TENANT
 from services.common.db import sync_pool
 from services.common.settings import CommonSettings
 

@@ -55,8 +55,8 @@ PROCESSES: tuple[ProcessSpec, ...] = (
     ),
     ProcessSpec(
         "http",
-        "services.acceptance.server:main",
-        "acceptance: HTTP edge (:8080)",
+        "services.edge.server:main",
+        "edge: the HTTP API (:8080), mounting the routes of acceptance and delivery",
         "services.acceptance.settings:http_ready_url",
     ),
     ProcessSpec(

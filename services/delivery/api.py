@@ -1,7 +1,7 @@
-"""HTTP routes of the webhook-endpoint and delivery API, mounted into the acceptance edge.
+"""HTTP routes of the webhook-endpoint and delivery API, mounted by the edge.
 
-Thin: parse with the edge's JSON helpers and the schemas in ``services/delivery/schemas.py``,
-call one ``Endpoints`` method, map delivery errors to the edge's JSON errors (422 for a bad
+Thin: parse with the shared JSON body reader and the schemas in ``services/delivery/schemas.py``,
+call one ``Endpoints`` method, map delivery errors to the API's JSON errors (422 for a bad
 endpoint or a refused target, 404, 409). A refused request writes nothing.
 """
 
@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from jsonschema import Draft202012Validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from services.acceptance.errors import ApiError, Conflict, NotFound, Unprocessable
-from services.acceptance.tenants import Tenant
+from services.common.api.context import ApiContext
+from services.common.api.context import only_query as _only_query
+from services.common.api.errors import ApiError, Conflict, NotFound, Unprocessable
 from services.common.ids import parse_uuid
 from services.delivery import errors, schemas
 from services.delivery.endpoints import Endpoints
@@ -25,14 +26,6 @@ from services.delivery.endpoints import Endpoints
 _create = Draft202012Validator(schemas.CREATE_ENDPOINT)
 _rotate = Draft202012Validator(schemas.ROTATE_SECRET)
 _recover = Draft202012Validator(schemas.RECOVER)
-
-
-class EdgeLike(Protocol):
-    """What the routes use of the acceptance edge: authentication and JSON body parsing."""
-
-    async def tenant(self, request: Request) -> Tenant: ...
-
-    async def json_body(self, request: Request) -> Any: ...
 
 
 def _validate(validator: Draft202012Validator, body: Any) -> None:
@@ -57,13 +50,7 @@ def _mapped(error: errors.DeliveryError) -> ApiError:
     return Unprocessable(error.message, code=error.code)
 
 
-def _only_query(request: Request, *allowed: str) -> None:
-    unknown = sorted(set(request.query_params.keys()) - set(allowed))
-    if unknown:
-        raise ApiError(f"unknown query parameters {unknown}", code="invalid_query")
-
-
-async def _optional_body(edge: EdgeLike, request: Request) -> Any:
+async def _optional_body(edge: ApiContext, request: Request) -> Any:
     """An action route's body is optional: none, or a JSON object."""
     if request.headers.get("content-length", "0") == "0" and "transfer-encoding" not in request.headers:
         return {}
@@ -73,7 +60,7 @@ async def _optional_body(edge: EdgeLike, request: Request) -> Any:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def delivery_routes(edge: EdgeLike, endpoints: Endpoints) -> list[BaseRoute]:
+def delivery_routes(edge: ApiContext, endpoints: Endpoints) -> list[BaseRoute]:
     def guarded(handler: Handler) -> Handler:
         async def run(request: Request) -> Response:
             try:

@@ -15,7 +15,7 @@ import httpx
 
 from fix_db import SyncPool
 from fix_processes import ROOT, free_port
-from services.acceptance import apikeys
+from services.common.api import apikeys
 
 
 def _fatura(*args: str, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:

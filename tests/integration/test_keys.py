@@ -9,7 +9,7 @@ import httpx
 
 from fix_db import SyncPool, TenantHandle
 from fix_ops import fatura
-from services.acceptance import apikeys
+from services.common.api import apikeys
 
 
 def _bearer(key: str) -> dict[str, str]:

@@ -21,8 +21,8 @@ from schemathesis.specs.openapi.checks import (
 from fix_db import MakeTenant, SyncPool, TenantHandle
 from fix_ops import KeyHandle, make_operator
 from fix_processes import ServiceProcess
-from services.acceptance import openapi
 from services.acceptance.settings import AcceptanceSettings
+from services.edge import openapi
 
 CHECKS = [
     not_a_server_error,

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from services.acceptance import apikeys
-from services.acceptance.errors import ApiError, PayloadTooLarge, UnsupportedMediaType
 from services.acceptance.requests import DocumentBody, DocumentRef, RequestParser
 from services.acceptance.settings import AcceptanceSettings, RelaySettings
 from services.common import faults, states
+from services.common.api import apikeys
+from services.common.api.body import JsonBody
+from services.common.api.errors import ApiError, PayloadTooLarge, UnsupportedMediaType
 from services.common.queries import load_queries
 from services.common.settings import CommonSettings, SettingsError
 
@@ -78,14 +79,15 @@ def test_api_keys_are_stored_as_hashes_and_checked_in_constant_time() -> None:
 
 
 PARSER = RequestParser(AcceptanceSettings(max_document_bytes=1024))
+BODY = JsonBody(max_body_bytes=2048)
 
 
-def test_the_parser_accepts_json_content_types_with_parameters() -> None:
-    PARSER.check_content_type("application/json; charset=utf-8")
+def test_the_body_reader_accepts_json_content_types_with_parameters() -> None:
+    BODY.check_content_type("application/json; charset=utf-8")
     with pytest.raises(UnsupportedMediaType):
-        PARSER.check_content_type("application/jsonx")
+        BODY.check_content_type("application/jsonx")
     with pytest.raises(UnsupportedMediaType):
-        PARSER.check_content_type(None)
+        BODY.check_content_type(None)
 
 
 def test_the_parser_applies_defaults_and_measures_documents_in_bytes() -> None:
@@ -104,7 +106,7 @@ def test_the_parser_applies_defaults_and_measures_documents_in_bytes() -> None:
         PARSER.create_job({"document": {"text": "x" * 1025}})
 
 
-def test_the_parser_refuses_a_declared_length_that_is_not_a_number() -> None:
+def test_the_body_reader_refuses_a_declared_length_that_is_not_a_number() -> None:
     with pytest.raises(ApiError) as refused:
-        PARSER.check_declared_length("12abc")
+        BODY.check_declared_length("12abc")
     assert refused.value.status == 400

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from services.acceptance.errors import ApiError
 from services.acceptance.idempotency import request_hash, validate_key
+from services.common.api.errors import ApiError
 
 BASE: dict[str, Any] = {
     "document_key": "inline",

@@ -44,7 +44,7 @@ def main() -> int:
 
     ops = start_ops_server(settings.metrics_port, ready, registry=registry or REGISTRY)
     config = uvicorn.Config(
-        "services.acceptance.app:create_app_from_env",
+        "services.edge.app:create_app_from_env",
         factory=True,
         host=settings.http_host,
         port=settings.http_port,

@@ -1,6 +1,6 @@
 """Bearer API-key authentication with a short in-process cache (revocation takes effect within its TTL).
 
-A key opens only the routes of its scope (``services/acceptance/keys.py``): tenant routes ask for
+A key opens only the routes of its scope (``services/common/api/apikeys.py``): tenant routes ask for
 ``authenticate`` (a tenant key), operator routes for ``operator``. A valid key of another scope is
 403, so a caller learns it holds the wrong kind of key, not a bad one.
 """
@@ -10,27 +10,20 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from services.acceptance import apikeys
-from services.acceptance.admission import TenantLimits
-from services.acceptance.errors import Unauthorized
-from services.acceptance.keys import OPERATOR, TENANT
-from services.acceptance.queries import Q
-from services.acceptance.tenants import Tenant
+from services.common.api import apikeys
+from services.common.api.apikeys import OPERATOR, TENANT
+from services.common.api.errors import Forbidden, Unauthorized
+from services.common.api.tenancy import Tenant, TenantLimits
+from services.common.queries import load_queries
 
+Q = load_queries(Path(__file__).resolve().parents[1] / "sql" / "auth.sql")
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="fatura"'}
 _MAX_CACHED = 10_000
-
-
-class Forbidden(Unauthorized):
-    """A valid key of another scope. An ``Unauthorized`` too, so a caller that refuses a bad key (the
-    CLI's ``endpoints add``) refuses this one with its message; the edge answers its own status."""
-
-    status = 403
-    code = "wrong_key_scope"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,12 @@ import re
 import secrets
 from dataclasses import dataclass
 
+# Key scopes (DESIGN §6): a tenant's own resources, one tenant's reviews, cross-tenant operations.
+TENANT = "tenant"
+REVIEWER = "reviewer"
+OPERATOR = "operator"
+SCOPES = (TENANT, REVIEWER, OPERATOR)
+
 _KEY = re.compile(r"^fat_([a-z0-9]{12})_([A-Za-z0-9_-]{43})$")
 
 

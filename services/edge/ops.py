@@ -9,38 +9,23 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from jsonschema import Draft202012Validator
-from psycopg_pool import AsyncConnectionPool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from services.acceptance.auth import Principal
-from services.acceptance.errors import ApiError, NotFound, Unprocessable
-from services.acceptance.ops_schemas import MAX_ID, MAX_LIST_LIMIT, REDRIVE_REQUEST
 from services.common import deadletters
+from services.common.api.context import ApiContext
+from services.common.api.context import only_query as _only_query
+from services.common.api.errors import ApiError, NotFound, Unprocessable
+from services.edge.ops_schemas import MAX_ID, MAX_LIST_LIMIT, REDRIVE_REQUEST
 
 log = logging.getLogger(__name__)
 
 _redrive = Draft202012Validator(REDRIVE_REQUEST)
 _SELECTORS = ("ids", "since", "reason", "queue")
-
-
-class OpsEdge(Protocol):
-    """What the routes use of the acceptance edge: operator authentication and JSON body parsing."""
-
-    async def operator(self, request: Request) -> Principal: ...
-
-    async def json_body(self, request: Request) -> Any: ...
-
-
-def _only_query(request: Request, *allowed: str) -> None:
-    unknown = sorted(set(request.query_params.keys()) - set(allowed))
-    if unknown:
-        accepted = f"; this route accepts {', '.join(allowed)}" if allowed else "; this route takes none"
-        raise ApiError(f"unknown query parameters {unknown}{accepted}", code="invalid_query")
 
 
 def _text(value: str, name: str, error: type[ApiError] = ApiError) -> str:
@@ -68,7 +53,9 @@ def _dead_letter_id(raw: str) -> int | None:
     return None
 
 
-def ops_routes(edge: OpsEdge, pool: AsyncConnectionPool[Any], queue_prefix: str) -> list[BaseRoute]:
+def ops_routes(edge: ApiContext, queue_prefix: str) -> list[BaseRoute]:
+    pool = edge.pool
+
     async def list_dead_letters(request: Request) -> Response:
         await edge.operator(request)
         _only_query(request, "since", "reason", "queue", "include_redriven", "limit")

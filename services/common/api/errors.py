@@ -1,4 +1,5 @@
-"""The acceptance edge's errors: each carries its HTTP status, a stable code and words for a person.
+"""The HTTP API's errors, for every service's routes: each carries its HTTP status, a stable code
+and words for a person.
 
 Every client mistake becomes one of these (never a 500), and the body is always
 ``{"error": {"code": ..., "message": ..., ...details}}``.
@@ -39,6 +40,14 @@ class ApiError(Exception):
 class Unauthorized(ApiError):
     status = 401
     code = "unauthorized"
+
+
+class Forbidden(Unauthorized):
+    """A valid key of another scope. An ``Unauthorized`` too, so a caller that refuses a bad key (the
+    CLI's ``endpoints add``) refuses this one with its message; the edge answers its own status."""
+
+    status = 403
+    code = "wrong_key_scope"
 
 
 class NotFound(ApiError):

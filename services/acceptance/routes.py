@@ -1,0 +1,80 @@
+"""The acceptance service's HTTP routes (documents and extraction jobs), mounted by the edge.
+
+Thin: parse, call one service function, and let typed errors map to status codes.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from services.acceptance.accept import Acceptor
+from services.acceptance.documents import store_document
+from services.acceptance.idempotency import validate_key
+from services.acceptance.jobs import JobService
+from services.acceptance.requests import RequestParser
+from services.acceptance.schemas import MAX_LIST_LIMIT
+from services.acceptance.settings import AcceptanceSettings
+from services.common import states
+from services.common.api.context import ApiContext, json_response, only_query
+from services.common.api.errors import ApiError
+from services.common.ids import parse_uuid
+from services.common.uow import OutboxNotifier
+
+
+def acceptance_routes(ctx: ApiContext, settings: AcceptanceSettings) -> list[BaseRoute]:
+    notifier = OutboxNotifier(ctx.pool)
+    parser = RequestParser(settings)
+    jobs = JobService(ctx.pool, notifier)
+    acceptor = Acceptor(ctx.pool, notifier, settings)
+
+    async def create_document(request: Request) -> Response:
+        tenant = await ctx.tenant(request)
+        only_query(request)
+        parsed = parser.create_document(await ctx.json_body(request))
+        return json_response(await store_document(ctx.pool, tenant, parsed), 201)
+
+    async def create_job(request: Request) -> Response:
+        tenant = await ctx.tenant(request)
+        only_query(request)
+        body = await ctx.json_body(request)
+        key = validate_key(request.headers.get("idempotency-key"))
+        accepted = await acceptor.accept(tenant, key, parser.create_job(body))
+        headers = {"Location": accepted.body["status_url"]}
+        if accepted.replay:
+            headers["Idempotent-Replayed"] = "true"
+        return json_response(accepted.body, 202, headers)
+
+    async def list_jobs(request: Request) -> Response:
+        tenant = await ctx.tenant(request)
+        only_query(request, "state", "cursor", "limit")
+        q = request.query_params
+        state = q.get("state")
+        if state is not None and state not in states.ALL:
+            raise ApiError(f"state must be one of {sorted(states.ALL)}", code="invalid_query")
+        raw_limit = q.get("limit", "50")
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIST_LIMIT:
+            raise ApiError(f"limit must be an integer from 1 to {MAX_LIST_LIMIT}", code="invalid_query")
+        cursor = q.get("cursor")
+        if cursor is not None and len(cursor) > 512:
+            raise ApiError("the cursor is not one this server issued", code="invalid_cursor")
+        return json_response(await jobs.list(tenant, state=state, cursor=cursor, limit=int(raw_limit)))
+
+    async def get_job(request: Request) -> Response:
+        tenant = await ctx.tenant(request)
+        only_query(request)
+        return json_response(await jobs.get(tenant, parse_uuid(request.path_params["job_id"])))
+
+    async def cancel_job(request: Request) -> Response:
+        tenant = await ctx.tenant(request)
+        only_query(request)
+        return json_response(await jobs.cancel(tenant, parse_uuid(request.path_params["job_id"])))
+
+    return [
+        Route("/v1/documents", create_document, methods=["POST"], name="create_document"),
+        Route("/v1/extraction-jobs", create_job, methods=["POST"], name="create_job"),
+        Route("/v1/extraction-jobs", list_jobs, methods=["GET"], name="list_jobs"),
+        Route("/v1/extraction-jobs/{job_id}:cancel", cancel_job, methods=["POST"], name="cancel_job"),
+        Route("/v1/extraction-jobs/{job_id}", get_job, methods=["GET"], name="get_job"),
+    ]

@@ -1,0 +1,167 @@
+"""The HTTP edge (DESIGN §6) on Starlette: one public door that mounts each service's routes.
+
+The edge composes; it owns no business. Acceptance (documents, jobs) and delivery (webhook
+endpoints, deliveries) each hand it their routes, built on the ``ApiContext`` (pool, keys, body
+reader) the edge makes once per worker; operator routes and the OpenAPI document sit beside them.
+Errors of every route map to one JSON shape here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+from psycopg_pool import PoolTimeout
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.acceptance.routes import acceptance_routes
+from services.acceptance.settings import AcceptanceSettings
+from services.common.api.auth import Authenticator
+from services.common.api.body import JsonBody
+from services.common.api.context import ApiContext, json_response
+from services.common.api.errors import ApiError, Unavailable
+from services.common.db import async_pool
+from services.delivery.api import delivery_routes
+from services.delivery.endpoints import Endpoints
+from services.delivery.settings import DeliverySettings
+from services.edge import metrics, openapi
+from services.edge.ops import ops_routes
+
+log = logging.getLogger(__name__)
+
+
+class Edge:
+    """Everything the routes share, built once per worker process."""
+
+    def __init__(self, settings: AcceptanceSettings) -> None:
+        self.settings = settings
+        # Autocommit: a single read or a single-statement write is one round trip; a multi-statement
+        # unit of work still opens its own transaction.
+        self.pool = async_pool(settings.common, name="http", autocommit=True, role="edge")
+        self.context = ApiContext(
+            self.pool,
+            Authenticator(self.pool, settings.auth_cache_seconds),
+            JsonBody(settings.max_body_bytes),
+        )
+        self.openapi = openapi.build(settings)
+        self.endpoints = Endpoints(self.pool, DeliverySettings.from_env())
+
+
+def build_routes(edge: Edge) -> list[BaseRoute]:
+    async def openapi_json(request: Request) -> Response:
+        return json_response(edge.openapi)
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok\n")
+
+    async def readyz(request: Request) -> Response:
+        try:
+            async with edge.pool.connection(timeout=2.0) as conn:
+                await conn.execute("SELECT 1")
+        except (psycopg.Error, PoolTimeout) as exc:
+            return PlainTextResponse(f"not ready: database: {type(exc).__name__}\n", status_code=503)
+        return PlainTextResponse("ready\n")
+
+    return [
+        *acceptance_routes(edge.context, edge.settings),
+        *delivery_routes(edge.context, edge.endpoints),
+        *ops_routes(edge.context, edge.settings.common.queue_prefix),
+        Route("/openapi.json", openapi_json, methods=["GET"], name="openapi"),
+        Route("/healthz", healthz, methods=["GET"], name="healthz"),
+        Route("/readyz", readyz, methods=["GET"], name="readyz"),
+    ]
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return json_response(exc.body(), exc.status, exc.headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "route_not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    body = {"error": {"code": code, "message": str(exc.detail)}}
+    return json_response(body, exc.status_code, dict(exc.headers or {}))
+
+
+async def _database_unavailable(request: Request, exc: Exception) -> Response:
+    log.error("database unavailable: %s: %s", type(exc).__name__, exc)
+    err = Unavailable(
+        "the database is not answering; nothing was changed. Retry after 5 seconds.",
+        code="database_unavailable",
+        headers={"Retry-After": "5"},
+    )
+    return json_response(err.body(), err.status, err.headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    body = {"error": {"code": "internal_error", "message": "an unexpected error occurred on the server"}}
+    return json_response(body, 500)
+
+
+class MetricsMiddleware:
+    """Counts and times every request by its route template (never by raw path: ids are unbounded)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            name = getattr(route, "name", None) or "unmatched"
+            method = scope.get("method", "")
+            metrics.REQUESTS.labels(method, name, str(status)).inc()
+            metrics.LATENCY.labels(method, name).observe(time.perf_counter() - started)
+
+
+def create_app(settings: AcceptanceSettings) -> Starlette:
+    edge = Edge(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await edge.pool.open(wait=False)
+        try:
+            yield
+        finally:
+            await edge.pool.close()
+
+    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+        ApiError: _api_error,
+        HTTPException: _http_error,
+        psycopg.OperationalError: _database_unavailable,
+        PoolTimeout: _database_unavailable,
+        Exception: _internal_error,
+    }
+    app = Starlette(routes=build_routes(edge), lifespan=lifespan, exception_handlers=handlers)
+    app.add_middleware(MetricsMiddleware)
+    app.state.edge = edge
+    return app
+
+
+def create_app_from_env() -> Starlette:
+    """The factory uvicorn calls in each worker process."""
+    return create_app(AcceptanceSettings.from_env())
