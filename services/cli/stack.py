@@ -280,7 +280,12 @@ class Stack:
                 if self._stopping.is_set():
                     return
                 for child in self._children.values():
-                    self._look_after(child)
+                    try:
+                        self._look_after(child)
+                    except OSError as exc:  # no fork today (limits, memory): try again later
+                        child.restart_at = time.monotonic() + self._policy.cap_seconds
+                        text = f"{child.spec.key} could not be started ({exc}); trying again"
+                        self._print("supervisor", text)
 
     def _look_after(self, child: Child) -> None:
         now = time.monotonic()
