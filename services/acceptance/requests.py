@@ -8,12 +8,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
 from services.acceptance import schemas
 from services.acceptance.settings import AcceptanceSettings
 from services.common.api.errors import PayloadTooLarge, Unprocessable
+from services.common.api.schema import RequestValidator
 
 _MAX_REPORTED_ERRORS = 10
 
@@ -50,8 +50,8 @@ class CreateJob:
 class RequestParser:
     def __init__(self, settings: AcceptanceSettings) -> None:
         self._settings = settings
-        self._document = Draft202012Validator(schemas.create_document_request())
-        self._job = Draft202012Validator(schemas.create_job_request((settings.model_policy,)))
+        self._document = RequestValidator(schemas.create_document_request())
+        self._job = RequestValidator(schemas.create_job_request((settings.model_policy,)))
 
     def create_document(self, body: Any) -> CreateDocument:
         _validate(self._document, body)
@@ -94,7 +94,7 @@ class RequestParser:
         return DocumentBody(text, filename, len(data), hashlib.sha256(data).hexdigest())
 
 
-def _validate(validator: Draft202012Validator, body: Any) -> None:
+def _validate(validator: Any, body: Any) -> None:
     found = sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))
     if not found:
         return

@@ -54,7 +54,7 @@ def acceptance_routes(ctx: ApiContext, settings: AcceptanceSettings) -> list[Bas
         if state is not None and state not in states.ALL:
             raise ApiError(f"state must be one of {sorted(states.ALL)}", code="invalid_query")
         raw_limit = q.get("limit", "50")
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIST_LIMIT:
+        if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= MAX_LIST_LIMIT:
             raise ApiError(f"limit must be an integer from 1 to {MAX_LIST_LIMIT}", code="invalid_query")
         cursor = q.get("cursor")
         if cursor is not None and len(cursor) > 512:

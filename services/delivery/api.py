@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
-from jsonschema import Draft202012Validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -19,16 +18,17 @@ from starlette.routing import BaseRoute, Route
 from services.common.api.context import ApiContext
 from services.common.api.context import only_query as _only_query
 from services.common.api.errors import ApiError, Conflict, NotFound, Unprocessable
+from services.common.api.schema import RequestValidator
 from services.common.ids import parse_uuid
 from services.delivery import errors, schemas
 from services.delivery.endpoints import Endpoints
 
-_create = Draft202012Validator(schemas.CREATE_ENDPOINT)
-_rotate = Draft202012Validator(schemas.ROTATE_SECRET)
-_recover = Draft202012Validator(schemas.RECOVER)
+_create = RequestValidator(schemas.CREATE_ENDPOINT)
+_rotate = RequestValidator(schemas.ROTATE_SECRET)
+_recover = RequestValidator(schemas.RECOVER)
 
 
-def _validate(validator: Draft202012Validator, body: Any) -> None:
+def _validate(validator: Any, body: Any) -> None:
     found = sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))
     if found:
         problems = [

@@ -11,7 +11,6 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from jsonschema import Draft202012Validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -20,11 +19,12 @@ from services.common import deadletters
 from services.common.api.context import ApiContext
 from services.common.api.context import only_query as _only_query
 from services.common.api.errors import ApiError, NotFound, Unprocessable
+from services.common.api.schema import RequestValidator
 from services.edge.ops_schemas import MAX_ID, MAX_LIST_LIMIT, REDRIVE_REQUEST
 
 log = logging.getLogger(__name__)
 
-_redrive = Draft202012Validator(REDRIVE_REQUEST)
+_redrive = RequestValidator(REDRIVE_REQUEST)
 _SELECTORS = ("ids", "since", "reason", "queue")
 
 
