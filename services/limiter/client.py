@@ -5,6 +5,10 @@ When the limiter (or the Redis behind it) cannot be reached within the deadline,
 back to the process's bounded emergency quota (``FATURA_LIMITER_EMERGENCY_SHARE``; default 0:
 closed) and says so with a metric and a log line each time. Emergency permits are local: their
 renew and release never go to the limiter.
+
+Every call carries the shared token (``FATURA_LIMITER_TOKEN``) when one is set, over TLS when
+``FATURA_LIMITER_TLS_CA`` is set. A refused token is a configuration error, never an outage: it
+raises ``LimiterUnauthenticated`` (logged each time) and never opens the emergency quota.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from services.limiter.errors import (
     BackendError,
     InvalidArgument,
     LimiterError,
+    LimiterUnauthenticated,
     LimiterUnavailable,
     PermitNotFound,
     PermitNotHeld,
@@ -35,6 +40,7 @@ from services.limiter.errors import (
 )
 from services.limiter.ids import permit_id_for
 from services.limiter.model import Denial, DenyReason, Dimension, Grant, Outcome, PoolStatus
+from services.limiter.security import bearer_metadata, channel_credentials
 from services.limiter.settings import LimiterSettings
 
 # The limiter's public surface for other services (re-exported by ``services.limiter``).
@@ -45,6 +51,7 @@ __all__ = [
     "Grant",
     "LimiterClient",
     "LimiterError",
+    "LimiterUnauthenticated",
     "LimiterUnavailable",
     "Outcome",
     "PoolStatus",
@@ -62,6 +69,11 @@ UNREACHABLE = Counter(
     "Limiter calls that got no answer within the deadline",
     ["method"],
 )
+UNAUTHENTICATED = Counter(
+    "fatura_limiter_client_unauthenticated_total",
+    "Limiter calls refused as UNAUTHENTICATED: FATURA_LIMITER_TOKEN is wrong or missing",
+    ["method"],
+)
 
 ERROR_BY_STATUS: dict[grpc.StatusCode, type[LimiterError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
@@ -70,6 +82,7 @@ ERROR_BY_STATUS: dict[grpc.StatusCode, type[LimiterError]] = {
     grpc.StatusCode.ALREADY_EXISTS: RequestKeyConflict,
     grpc.StatusCode.UNAVAILABLE: LimiterUnavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: LimiterUnavailable,
+    grpc.StatusCode.UNAUTHENTICATED: LimiterUnauthenticated,
 }
 _MAX_ORPHANS = 1_000
 _CHANNEL_OPTIONS = [
@@ -104,8 +117,16 @@ class LimiterClient:
         emergency: EmergencyQuota | None = None,
         default_lease_ms: int = 60_000,
         unavailable_retry_ms: int = 1_000,
+        token: str | None = None,
+        credentials: Any = None,
     ) -> None:
-        self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        """``token`` goes with every LimiterService call; ``credentials`` (``grpc.ChannelCredentials``)
+        make the channel TLS, plaintext when None."""
+        if credentials is None:
+            self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.secure_channel(address, credentials, options=_CHANNEL_OPTIONS)
+        self._metadata = bearer_metadata(token)
         self._stub = pb_grpc.LimiterServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._health_lock = threading.Lock()
@@ -139,6 +160,8 @@ class LimiterClient:
             emergency=emergency,
             default_lease_ms=settings.default_lease_ms,
             unavailable_retry_ms=settings.unavailable_retry_ms,
+            token=settings.token,
+            credentials=channel_credentials(settings),
         )
 
     def close(self) -> None:
@@ -177,8 +200,8 @@ class LimiterClient:
         request_key: str | None = None,
     ) -> Grant | Denial:
         """A permit, or a Denial saying why and when to try again. Raises ``InvalidArgument`` for a
-        bad request; never raises because the limiter is unreachable (that is a Denial with reason
-        UNAVAILABLE, or an emergency Grant)."""
+        bad request and ``LimiterUnauthenticated`` for a refused token; never raises because the
+        limiter is unreachable (that is a Denial with reason UNAVAILABLE, or an emergency Grant)."""
         key = request_key or uuid.uuid4().hex
         if request_key is not None:
             self._forget_orphan(permit_id_for(pool, tenant, key))  # the caller is retrying it
@@ -191,12 +214,11 @@ class LimiterClient:
             request_key=key,
         )
         try:
-            response = self._stub.Acquire(request, timeout=self._deadline_s)
+            response = self._stub.Acquire(request, timeout=self._deadline_s, metadata=self._metadata)
         except grpc.RpcError as exc:
-            error = translate(exc)
+            error = self._translate("Acquire", exc)
             if not isinstance(error, LimiterUnavailable):
                 raise error from exc
-            UNREACHABLE.labels("Acquire").inc()
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 self._remember_orphan(pool, tenant, key)
             return self._emergency_acquire(pool, estimated_input_tokens + max_output_tokens, lease_ms, error)
@@ -320,9 +342,22 @@ class LimiterClient:
     def _call(self, method: str, request: Any) -> Any:
         try:
             # Only Acquire is on a caller's critical path; the rest settle what is held already.
-            return getattr(self._stub, method)(request, timeout=self._settle_deadline_s)
+            stub_method = getattr(self._stub, method)
+            return stub_method(request, timeout=self._settle_deadline_s, metadata=self._metadata)
         except grpc.RpcError as exc:
-            error = translate(exc)
-            if isinstance(error, LimiterUnavailable):
-                UNREACHABLE.labels(method).inc()
-            raise error from exc
+            raise self._translate(method, exc) from exc
+
+    def _translate(self, method: str, exc: grpc.RpcError) -> LimiterError:
+        """The typed error of a failed call, counted; a refused token is logged where it happens."""
+        error = translate(exc)
+        if isinstance(error, LimiterUnavailable):
+            UNREACHABLE.labels(method).inc()
+        elif isinstance(error, LimiterUnauthenticated):
+            UNAUTHENTICATED.labels(method).inc()
+            log.error(
+                "limiter refused %s as UNAUTHENTICATED (%s): FATURA_LIMITER_TOKEN is wrong or missing; "
+                "a configuration error, not an outage",
+                method,
+                error,
+            )
+        return error

@@ -41,3 +41,8 @@ class BackendError(LimiterError):
 
 class LimiterUnavailable(LimiterError):
     """Client side: the limiter service did not answer within the deadline, or answered UNAVAILABLE."""
+
+
+class LimiterUnauthenticated(LimiterError):
+    """The limiter refused the caller's credentials (no token, a wrong token): a configuration error
+    to fix, never a reason to fall back to the emergency quota. Nothing changed."""

@@ -26,6 +26,11 @@ THROTTLE_REPORTS = Counter(
     "Provider 429s reported; extended=true when the cooldown grew",
     ["pool", "extended"],
 )
+UNAUTHENTICATED = Counter(
+    "fatura_limiter_unauthenticated_total",
+    "LimiterService calls refused before the servicer ran: no token or a wrong one",
+    ["method"],
+)
 RPC_SECONDS = Histogram(
     "fatura_limiter_rpc_seconds",
     "Server-side handling time of a limiter RPC, by method and status code",

@@ -1,6 +1,8 @@
 """The limiter process: gRPC LimiterService (+ health, reflection) and its ops port (/metrics, /readyz).
 
 ``main()`` runs in the foreground until SIGTERM/SIGINT and reloads the pool configuration on SIGHUP.
+It refuses to start (exit 2) on a bad setting, and before binding anything when it would listen
+beyond loopback with no token and no client certificates to authenticate its callers.
 The RPC path is grpc.aio over redis.asyncio on one event loop; the ops port (a thread) reads Redis
 through a small blocking client of its own.
 """
@@ -11,6 +13,7 @@ import asyncio
 import logging
 import signal
 import sys
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -21,11 +24,13 @@ from services.common.ops_server import start_ops_server
 from services.common.protos.fatura.limiter.v1 import limiter_pb2 as pb
 from services.common.protos.fatura.limiter.v1 import limiter_pb2_grpc as pb_grpc
 from services.common.redis_pool import connect
-from services.common.settings import CommonSettings
+from services.common.settings import CommonSettings, SettingsError
 from services.limiter.config import ConfigError, ConfigHolder
 from services.limiter.errors import LimiterError
+from services.limiter.interceptor import TokenInterceptor
 from services.limiter.metrics import PoolCollector
 from services.limiter.operations import KeyLayout, LimiterOps, ServerLimits
+from services.limiter.security import server_credentials
 from services.limiter.servicer import LimiterServicer
 from services.limiter.settings import LimiterSettings
 from services.limiter.store import AsyncRedisStore, RedisStore, connect_async
@@ -70,7 +75,25 @@ async def _watch_redis(store: AsyncRedisStore, checker: health.aio.HealthService
         await asyncio.sleep(_HEALTH_INTERVAL_S)
 
 
-async def serve(common: CommonSettings, settings: LimiterSettings, holder: ConfigHolder) -> int:
+def _describe_security(settings: LimiterSettings) -> str:
+    if settings.tls_client_ca is not None:
+        tls = "mutual TLS"
+    elif settings.tls_cert is not None:
+        tls = "TLS"
+    else:
+        tls = "plaintext"
+    token = "token required" if settings.token is not None else "no token"
+    return f"{tls}, {token}, reflection {'on' if settings.reflection else 'off'}"
+
+
+async def serve(
+    common: CommonSettings,
+    settings: LimiterSettings,
+    holder: ConfigHolder,
+    credentials: Any = None,
+) -> int:
+    """Serve until SIGTERM/SIGINT. ``credentials``: ``grpc.ServerCredentials`` for a TLS port, or
+    None for plaintext."""
     ops = build_ops(settings, holder)
     timeout_s = settings.redis_timeout_ms / 1000
     connections = settings.redis_connections
@@ -83,16 +106,22 @@ async def serve(common: CommonSettings, settings: LimiterSettings, holder: Confi
     side_store = RedisStore(connect(common.redis_url, timeout_s=timeout_s, max_connections=2))
 
     server = grpc.aio.server(
+        interceptors=[TokenInterceptor(settings.token)] if settings.token is not None else None,
         # Without this a second limiter on the same port would bind silently and share traffic.
         options=[("grpc.so_reuseport", 0)],
     )
     pb_grpc.add_LimiterServiceServicer_to_server(LimiterServicer(ops, store), server)
     checker = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
-    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    if settings.reflection:
+        names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, server)
     address = f"{settings.host}:{settings.port}"
     try:
-        server.add_insecure_port(address)
+        if credentials is None:
+            server.add_insecure_port(address)
+        else:
+            server.add_secure_port(address, credentials)
     except RuntimeError as exc:
         log.error("limiter cannot listen on %s: %s", address, exc)
         return 1
@@ -123,8 +152,9 @@ async def serve(common: CommonSettings, settings: LimiterSettings, holder: Confi
     await server.start()
     watcher = asyncio.create_task(_watch_redis(store, checker))
     log.info(
-        "limiter listening on %s (metrics :%d), pools %s from %s",
+        "limiter listening on %s (%s; metrics :%d), pools %s from %s",
         address,
+        _describe_security(settings),
         settings.metrics_port,
         sorted(holder.current.pools),
         settings.config_path,
@@ -143,14 +173,20 @@ async def serve(common: CommonSettings, settings: LimiterSettings, holder: Confi
 
 
 def main() -> int:
-    common = CommonSettings.from_env()
-    settings = LimiterSettings.from_env()
+    try:
+        common = CommonSettings.from_env()
+        settings = LimiterSettings.from_env()
+        settings.check_listener()
+        credentials = server_credentials(settings)
+    except SettingsError as exc:
+        log.error("limiter cannot start: bad setting: %s", exc)
+        return 2
     try:
         holder = ConfigHolder(settings.config_path)
     except ConfigError as exc:
         log.error("limiter cannot start: %s", exc)
         return 2
-    return asyncio.run(serve(common, settings, holder))
+    return asyncio.run(serve(common, settings, holder, credentials))
 
 
 if __name__ == "__main__":

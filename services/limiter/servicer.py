@@ -20,6 +20,7 @@ from services.limiter.errors import (
     BackendUnavailable,
     InvalidArgument,
     LimiterError,
+    LimiterUnauthenticated,
     LimiterUnavailable,
     PermitNotFound,
     PermitNotHeld,
@@ -43,6 +44,8 @@ STATUS_BY_ERROR: dict[type[LimiterError], grpc.StatusCode] = {
     BackendUnavailable: grpc.StatusCode.UNAVAILABLE,
     BackendError: grpc.StatusCode.INTERNAL,
     LimiterUnavailable: grpc.StatusCode.UNAVAILABLE,
+    # Raised by no operation: the token interceptor answers it before the servicer runs.
+    LimiterUnauthenticated: grpc.StatusCode.UNAUTHENTICATED,
 }
 _REASON_TO_PROTO = {
     reason: pb.DenyReason.Value(f"DENY_REASON_{reason.value}")

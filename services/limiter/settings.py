@@ -1,16 +1,70 @@
-"""Limiter settings, read once from ``FATURA_LIMITER_*`` variables (server and client side)."""
+"""Limiter settings, read once from ``FATURA_LIMITER_*`` variables (server and client side), including
+who may call it: the shared token, TLS files and the reflection switch."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.settings import SettingsError, env_float, env_int, env_str
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "deploy" / "local" / "limiter.toml"
+MIN_TOKEN_LENGTH = 16
+_ON = frozenset({"1", "true", "yes", "on"})
+_OFF = frozenset({"0", "false", "no", "off"})
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` (FATURA_LIMITER_HOST) can only be reached from this machine. A name other
+    than ``localhost`` counts as reachable from elsewhere: what it resolves to is not known here."""
+    name = host.strip().strip("[]")
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _env_switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in _ON:
+        return True
+    if raw in _OFF:
+        return False
+    raise SettingsError(f"{name}={raw!r} is not one of 1, 0, true, false, yes, no, on, off")
+
+
+def _env_token(env: Mapping[str, str], name: str) -> str | None:
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return None
+    # The value never appears in an error message or a log line, only its shape.
+    if len(raw) < MIN_TOKEN_LENGTH or not all("!" <= ch <= "~" for ch in raw):
+        raise SettingsError(
+            f"{name} must be at least {MIN_TOKEN_LENGTH} visible ASCII characters without spaces "
+            "(its value is not shown)"
+        )
+    return raw
+
+
+def _env_path(env: Mapping[str, str], name: str) -> Path | None:
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return None
+    path = Path(raw)
+    return path if path.is_absolute() else ROOT / path
+
+
+def _together(first: tuple[str, Path | None], second: tuple[str, Path | None]) -> None:
+    if (first[1] is None) != (second[1] is None):
+        raise SettingsError(f"{first[0]} and {second[0]} must be set together")
 
 
 @dataclass(frozen=True)
@@ -36,6 +90,30 @@ class LimiterSettings:
     settle_deadline_ms: int = 1_000
     emergency_share: float = 0.0  # share of a pool's in-flight/RPM/TPM one process may use unreached
     unavailable_retry_ms: int = 1_000
+    # Who may call (both sides). The token is sent by the client and required by the server on every
+    # LimiterService RPC when set; repr=False keeps it out of any printed settings.
+    token: str | None = field(default=None, repr=False)
+    reflection: bool = True
+    # Server TLS: certificate and key; with a client CA, client certificates are required (mTLS).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    # Client TLS: the CA that signed the server's certificate, and the client's own certificate.
+    tls_ca: Path | None = None
+    tls_client_cert: Path | None = None
+    tls_client_key: Path | None = None
+
+    def check_listener(self) -> None:
+        """Server side, before anything binds: a limiter reachable from other machines must
+        authenticate its callers (a token, or client certificates), so it is never exposed by accident."""
+        if is_loopback(self.host) or self.token is not None or self.tls_client_ca is not None:
+            return
+        raise SettingsError(
+            f"FATURA_LIMITER_HOST={self.host!r} is not a loopback address, and neither "
+            "FATURA_LIMITER_TOKEN nor mutual TLS (FATURA_LIMITER_TLS_CERT, FATURA_LIMITER_TLS_KEY, "
+            "FATURA_LIMITER_TLS_CLIENT_CA) is set: the limiter will not listen beyond loopback "
+            "unauthenticated"
+        )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LimiterSettings:
@@ -46,6 +124,18 @@ class LimiterSettings:
             raise SettingsError(f"FATURA_LIMITER_KEY_PREFIX={prefix!r} may not hold '{{', '}}' or spaces")
         max_lease = env_int(env, "FATURA_LIMITER_MAX_LEASE_MS", cls.max_lease_ms, lo=1_000, hi=86_400_000)
         port = env_int(env, "FATURA_LIMITER_PORT", cls.port, lo=1, hi=65535)
+        cert = ("FATURA_LIMITER_TLS_CERT", _env_path(env, "FATURA_LIMITER_TLS_CERT"))
+        key = ("FATURA_LIMITER_TLS_KEY", _env_path(env, "FATURA_LIMITER_TLS_KEY"))
+        client_ca = ("FATURA_LIMITER_TLS_CLIENT_CA", _env_path(env, "FATURA_LIMITER_TLS_CLIENT_CA"))
+        _together(cert, key)
+        if client_ca[1] is not None and cert[1] is None:
+            raise SettingsError("FATURA_LIMITER_TLS_CLIENT_CA needs FATURA_LIMITER_TLS_CERT and _KEY")
+        ca = ("FATURA_LIMITER_TLS_CA", _env_path(env, "FATURA_LIMITER_TLS_CA"))
+        client_cert = ("FATURA_LIMITER_TLS_CLIENT_CERT", _env_path(env, "FATURA_LIMITER_TLS_CLIENT_CERT"))
+        client_key = ("FATURA_LIMITER_TLS_CLIENT_KEY", _env_path(env, "FATURA_LIMITER_TLS_CLIENT_KEY"))
+        _together(client_cert, client_key)
+        if client_cert[1] is not None and ca[1] is None:
+            raise SettingsError("FATURA_LIMITER_TLS_CLIENT_CERT needs FATURA_LIMITER_TLS_CA")
         return cls(
             config_path=raw_path if raw_path.is_absolute() else ROOT / raw_path,
             host=env_str(env, "FATURA_LIMITER_HOST", cls.host),
@@ -88,6 +178,14 @@ class LimiterSettings:
             unavailable_retry_ms=env_int(
                 env, "FATURA_LIMITER_UNAVAILABLE_RETRY_MS", cls.unavailable_retry_ms, lo=1, hi=3_600_000
             ),
+            token=_env_token(env, "FATURA_LIMITER_TOKEN"),
+            reflection=_env_switch(env, "FATURA_LIMITER_REFLECTION", cls.reflection),
+            tls_cert=cert[1],
+            tls_key=key[1],
+            tls_client_ca=client_ca[1],
+            tls_ca=ca[1],
+            tls_client_cert=client_cert[1],
+            tls_client_key=client_key[1],
         )
 
 

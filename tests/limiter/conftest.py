@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -107,6 +108,8 @@ class LimiterProcess:
     log_path: Path
     key_prefix: str
     redis_url: str
+    token: str | None = None  # the FATURA_LIMITER_TOKEN it was started with
+    credentials: Any = None  # grpc.ChannelCredentials for a TLS limiter; None: plaintext
 
     @property
     def address(self) -> str:
@@ -123,11 +126,20 @@ class LimiterProcess:
         return self.process.poll() is None
 
     def client(self, **kwargs: object) -> LimiterClient:
+        """A client with the limiter's own token and TLS credentials unless told otherwise."""
         kwargs.setdefault("deadline_ms", 2_000)  # generous: the machine is shared, tests never time
+        kwargs.setdefault("token", self.token)
+        kwargs.setdefault("credentials", self.credentials)
         return LimiterClient(self.address, **kwargs)  # type: ignore[arg-type]
 
+    def channel(self) -> grpc.Channel:
+        if self.credentials is None:
+            return grpc.insecure_channel(self.address)
+        return grpc.secure_channel(self.address, self.credentials)
+
     def health(self, service: str = "") -> int:
-        with grpc.insecure_channel(self.address) as channel:
+        """The standard health service's answer; it needs no token."""
+        with self.channel() as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
             return int(response.status)
@@ -161,7 +173,12 @@ class LimiterProcess:
 
 
 def spawn_limiter(
-    config: str, workdir: Path, *, redis_url: str = SHARED_REDIS_URL, env: dict[str, str] | None = None
+    config: str,
+    workdir: Path,
+    *,
+    redis_url: str = SHARED_REDIS_URL,
+    env: dict[str, str] | None = None,
+    credentials: Any = None,
 ) -> LimiterProcess:
     """Run ``python -m services.limiter.server`` (what ``fatura run limiter`` calls) on free ports."""
     name = uuid.uuid4().hex[:12]
@@ -188,7 +205,10 @@ def spawn_limiter(
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    return LimiterProcess(process, port, metrics_port, config_path, log_path, prefix, redis_url)
+    token = full_env.get("FATURA_LIMITER_TOKEN") or None
+    return LimiterProcess(
+        process, port, metrics_port, config_path, log_path, prefix, redis_url, token, credentials
+    )
 
 
 def _teardown(limiter: LimiterProcess) -> None:
@@ -213,8 +233,10 @@ def start_limiter(tmp_path: Path) -> Iterator[StartLimiter]:
         redis_url: str = SHARED_REDIS_URL,
         env: dict[str, str] | None = None,
         serving: bool = True,
+        credentials: Any = None,
     ) -> LimiterProcess:
-        limiter = spawn_limiter(config, tmp_path, redis_url=redis_url, env=env)
+        """``credentials``: what the test's clients use to reach a TLS limiter."""
+        limiter = spawn_limiter(config, tmp_path, redis_url=redis_url, env=env, credentials=credentials)
         started.append(limiter)
         if serving:
             limiter.wait_health(health_pb2.HealthCheckResponse.SERVING)
