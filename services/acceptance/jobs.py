@@ -96,7 +96,11 @@ def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         raw = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
-        if not isinstance(raw, dict) or not isinstance(raw.get("c"), str) or not isinstance(raw.get("i"), str):
+        if (
+            not isinstance(raw, dict)
+            or not isinstance(raw.get("c"), str)
+            or not isinstance(raw.get("i"), str)
+        ):
             raise ValueError("not a cursor of ours")
         created_at = datetime.fromisoformat(raw["c"])
         if created_at.tzinfo is None:

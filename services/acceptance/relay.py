@@ -5,6 +5,9 @@ back), publish each event to every queue that consumes it and wait for the broke
 set ``published_at``. A crash after a confirm and before that update publishes the event again;
 consumers dedup by event id, which is also the message id. No transaction is held open while
 publishing. NOTIFY wakes the relay at once; a periodic sweep covers a lost wake-up.
+
+The relay is also acceptance's housekeeper: once a minute it deletes documents no job references
+whose retention has passed (``documents.prune_documents``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dramatiq.errors import BrokerConnectionError
 from prometheus_client import Counter, Gauge
 from psycopg_pool import ConnectionPool
 
+from services.acceptance.documents import prune_documents
 from services.acceptance.settings import RelaySettings
 from services.common import faults, readiness
 from services.common.broker import QuorumRabbitmqBroker, event_message, make_broker
@@ -45,6 +49,9 @@ CLAIMS_RECOVERED = Counter(
     "fatura_outbox_claims_recovered_total", "Events claimed after another relay's claim ran out"
 )
 UNROUTABLE = Counter("fatura_outbox_unroutable_total", "Events whose type has no consumer route")
+DOCUMENTS_PRUNED = Counter(
+    "fatura_documents_pruned_total", "Documents no job references, deleted after their retention"
+)
 
 
 class Relay:
@@ -55,6 +62,7 @@ class Relay:
         self.pool = pool
         self.broker = broker
         self._last_backlog_check = 0.0
+        self._last_housekeeping = 0.0
 
     def relay_once(self) -> int:
         """Claim, publish and mark one batch. Returns how many events were claimed."""
@@ -124,6 +132,22 @@ class Relay:
             OLDEST_AGE.set(row["oldest_age_seconds"])
             UNPUBLISHED.set(row["unpublished"])
 
+    def housekeeping(self, *, force: bool = False) -> int:
+        """At most once a minute: delete documents no job references, past their retention."""
+        now = time.monotonic()
+        if not force and now - self._last_housekeeping < 60.0:
+            return 0
+        self._last_housekeeping = now
+        try:
+            count, size = prune_documents(self.pool, self.settings.document_retention_days)
+        except psycopg.errors.ForeignKeyViolation:
+            log.info("a job took up a document being pruned; the next pass tries again")
+            return 0
+        if count:
+            DOCUMENTS_PRUNED.inc(count)
+            log.info("deleted %d documents (%d bytes) no job references, past their retention", count, size)
+        return count
+
     def run(self, stop: threading.Event) -> None:
         s = self.settings
         listener: psycopg.Connection[Any] | None = None
@@ -135,6 +159,7 @@ class Relay:
                     listener.execute(Q["listen"])
                 claimed = self.relay_once()
                 self.update_backlog_metrics(force=claimed == 0)
+                self.housekeeping()
                 failures = 0
                 if claimed >= s.batch_size:
                     continue

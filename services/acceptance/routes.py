@@ -33,7 +33,10 @@ def acceptance_routes(ctx: ApiContext, settings: AcceptanceSettings) -> list[Bas
         tenant = await ctx.tenant(request)
         only_query(request)
         parsed = parser.create_document(await ctx.json_body(request))
-        return json_response(await store_document(ctx.pool, tenant, parsed), 201)
+        stored = await store_document(
+            ctx.pool, tenant, parsed, retry_after_seconds=settings.admission_retry_after_seconds
+        )
+        return json_response(stored, 201)
 
     async def create_job(request: Request) -> Response:
         tenant = await ctx.tenant(request)

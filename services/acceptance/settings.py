@@ -73,6 +73,8 @@ class RelaySettings:
     sweep_interval_seconds: float = 1.0
     metrics_port: int = 9181
     relay_id: str = ""
+    # Documents no job references are deleted this many days after they were stored.
+    document_retention_days: float = 30.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RelaySettings:
@@ -83,6 +85,9 @@ class RelaySettings:
             claim_timeout_seconds=env_float(env, "FATURA_RELAY_CLAIM_TIMEOUT_SECONDS", 30.0, lo=0.1, hi=3600),
             sweep_interval_seconds=env_float(env, "FATURA_RELAY_SWEEP_SECONDS", 1.0, lo=0.01, hi=600),
             metrics_port=env_int(env, "FATURA_RELAY_METRICS_PORT", 9181, lo=0, hi=65535),
+            document_retention_days=env_float(
+                env, "FATURA_DOCUMENT_RETENTION_DAYS", 30.0, lo=0.001, hi=36_500
+            ),
             relay_id=env_str(env, "FATURA_RELAY_ID", f"{socket.gethostname()}:{os.getpid()}"),
         )
 

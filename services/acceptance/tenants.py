@@ -30,6 +30,7 @@ class TenantSpec:
     max_pending_bytes: int = 1024**3
     max_pending_tokens: int = 200_000_000
     daily_token_budget: int = 500_000_000
+    max_stored_bytes: int = 5 * 1024**3
     allowed_currencies: tuple[str, ...] = ("TRY", "EUR", "USD", "GBP")
 
     def __post_init__(self) -> None:
@@ -39,7 +40,13 @@ class TenantSpec:
             raise ValueError("weight must be between 1 and 1000")
         if not 1 <= self.max_in_flight <= 100_000:
             raise ValueError("max in-flight must be between 1 and 100000")
-        for name in ("max_pending_jobs", "max_pending_bytes", "max_pending_tokens", "daily_token_budget"):
+        for name in (
+            "max_pending_jobs",
+            "max_pending_bytes",
+            "max_pending_tokens",
+            "daily_token_budget",
+            "max_stored_bytes",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
         unknown = [c for c in self.allowed_currencies if c not in CURRENCY_CODES]
@@ -63,6 +70,7 @@ def create_tenant(pool: ConnectionPool[Any], spec: TenantSpec) -> tuple[uuid.UUI
                 "max_pending_bytes": spec.max_pending_bytes,
                 "max_pending_tokens": spec.max_pending_tokens,
                 "daily_token_budget": spec.daily_token_budget,
+                "max_stored_bytes": spec.max_stored_bytes,
                 "allowed_currencies": list(spec.allowed_currencies),
             },
         )

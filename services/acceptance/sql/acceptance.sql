@@ -117,10 +117,27 @@ RETURNING id, tenant_id, state, state_version
 
 -- name: create_tenant
 INSERT INTO tenants (id, name, weight, max_in_flight, max_pending_jobs, max_pending_bytes,
-                     max_pending_tokens, daily_token_budget, allowed_currencies)
+                     max_pending_tokens, daily_token_budget, max_stored_bytes, allowed_currencies)
 VALUES (%(id)s, %(name)s, %(weight)s, %(max_in_flight)s, %(max_pending_jobs)s,
-        %(max_pending_bytes)s, %(max_pending_tokens)s, %(daily_token_budget)s,
+        %(max_pending_bytes)s, %(max_pending_tokens)s, %(daily_token_budget)s, %(max_stored_bytes)s,
         %(allowed_currencies)s)
+
+-- name: stored_bytes
+SELECT coalesce(sum(bytes), 0)::bigint AS bytes FROM document_usage WHERE tenant_id = %(tenant_id)s
+
+-- name: prune_documents
+-- Documents no job references, older than the retention, in bounded batches. A job that starts
+-- referencing one meanwhile makes the foreign key refuse the batch; the next pass tries again.
+DELETE FROM documents d
+WHERE (d.tenant_id, d.id, d.version) IN (
+    SELECT o.tenant_id, o.id, o.version FROM documents o
+    WHERE o.created_at < now() - %(days)s::float8 * interval '1 day'
+      AND NOT EXISTS (SELECT 1 FROM extraction_jobs j
+                      WHERE j.tenant_id = o.tenant_id AND j.document_id = o.id
+                        AND j.document_version = o.version)
+    ORDER BY o.created_at
+    LIMIT %(batch)s)
+RETURNING d.size_bytes
 
 -- name: create_api_key
 INSERT INTO api_keys (id, tenant_id, prefix, secret_hash)

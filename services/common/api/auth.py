@@ -118,6 +118,7 @@ class Authenticator:
                     max_pending_bytes=row["max_pending_bytes"],
                     max_pending_tokens=row["max_pending_tokens"],
                     daily_token_budget=row["daily_token_budget"],
+                    max_stored_bytes=row["max_stored_bytes"],
                 ),
                 allowed_currencies=tuple(row["allowed_currencies"]),
             )

@@ -13,6 +13,7 @@ class TenantLimits:
     max_pending_bytes: int
     max_pending_tokens: int
     daily_token_budget: int
+    max_stored_bytes: int = 5 * 1024**3
 
 
 @dataclass(frozen=True)

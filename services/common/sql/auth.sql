@@ -4,7 +4,7 @@
 -- An operator key belongs to no tenant: its tenant columns are NULL.
 SELECT k.secret_hash, k.revoked_at, k.scope, k.label, t.id, t.name, t.weight, t.max_in_flight,
        t.max_pending_jobs, t.max_pending_bytes, t.max_pending_tokens, t.daily_token_budget,
-       t.allowed_currencies
+       t.allowed_currencies, t.max_stored_bytes
 FROM api_keys k
 LEFT JOIN tenants t ON t.id = k.tenant_id
 WHERE k.prefix = %(prefix)s
