@@ -111,6 +111,9 @@ def spawn(base_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def start_edge(spawn: SpawnFn, workers: int = 2, **env: str) -> ServiceProcess:
+    # Every test talks to the edge from 127.0.0.1 and many send bad keys on purpose: the
+    # failed-authentication throttle is off unless a test turns it on (test_keys does).
+    env = {"FATURA_AUTH_FAILURE_LIMIT": "0", **env}
     port, metrics_port = free_port(), free_port()
     edge = spawn(
         "http",

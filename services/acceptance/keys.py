@@ -94,11 +94,45 @@ def list_keys(
     return [KeyInfo.from_row(r) for r in rows]
 
 
+def rotate_key(
+    pool: ConnectionPool[Any], prefix: str, *, grace_seconds: float
+) -> tuple[KeyInfo, KeyInfo, str]:
+    """Replace a key: a new one with the same scope, tenant and label, and the old one revoked once
+    ``grace_seconds`` have passed (0: at once), so its holders can switch without an outage.
+    Returns the old key (with its revocation time), the new one, and the new plaintext."""
+    if not 0 <= grace_seconds <= 30 * 86_400:
+        raise KeyRequestError("the grace period is 0 to 30 days")
+    prefix = _bare_prefix(prefix)
+    key = apikeys.generate()
+    with pool.connection() as conn, conn.transaction():
+        old = conn.execute(Q["rotate_api_key"], {"prefix": prefix, "grace_seconds": grace_seconds}).fetchone()
+        if old is None:
+            raise KeyRequestError(f"there is no key with the prefix {prefix!r} that is still valid")
+        new = conn.execute(
+            Q["create_scoped_api_key"],
+            {
+                "id": new_id(),
+                "tenant_id": old["tenant_id"],
+                "prefix": key.prefix,
+                "secret_hash": key.secret_hash,
+                "scope": old["scope"],
+                "label": old["label"],
+            },
+        ).fetchone()
+    assert new is not None
+    return KeyInfo.from_row(old), KeyInfo.from_row(new), key.plaintext
+
+
+def _bare_prefix(prefix: str) -> str:
+    if prefix.startswith("fat_"):  # the whole key, or fat_<prefix>
+        return prefix.split("_")[1]
+    return prefix
+
+
 def revoke_key(pool: ConnectionPool[Any], prefix: str) -> KeyInfo:
     """Revoke the key with this prefix (``fat_<prefix>_...``); revoking twice is a no-op. The edge
     stops accepting it within its auth cache's TTL."""
-    if prefix.startswith("fat_"):  # the whole key, or fat_<prefix>
-        prefix = prefix.split("_")[1]
+    prefix = _bare_prefix(prefix)
     with pool.connection() as conn, conn.transaction():
         row = conn.execute(Q["revoke_api_key"], {"prefix": prefix}).fetchone()
     if row is None:

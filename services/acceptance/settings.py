@@ -28,6 +28,9 @@ class AcceptanceSettings:
     expected_jobs_per_second: float = 1.5
     default_deadline_seconds: int = 86_400
     auth_cache_seconds: float = 5.0
+    # Invalid keys presented from one address within a minute before it is blocked; 0 turns it off.
+    auth_failure_limit: int = 30
+    auth_block_seconds: float = 300.0
     admission_cache_seconds: float = 0.1
     model_policy: str = "default"
     policy_version: str = "invoice-policy.v1"
@@ -59,6 +62,8 @@ class AcceptanceSettings:
                 env, "FATURA_DEFAULT_DEADLINE_SECONDS", 86_400, lo=60, hi=604_800
             ),
             auth_cache_seconds=env_float(env, "FATURA_AUTH_CACHE_SECONDS", 5.0, lo=0.0, hi=3600.0),
+            auth_failure_limit=env_int(env, "FATURA_AUTH_FAILURE_LIMIT", 30, lo=0, hi=1_000_000),
+            auth_block_seconds=env_float(env, "FATURA_AUTH_BLOCK_SECONDS", 300.0, lo=1.0, hi=86_400.0),
             admission_cache_seconds=env_float(env, "FATURA_ADMISSION_CACHE_SECONDS", 0.1, lo=0.0, hi=10.0),
             model_policy=env_str(env, "FATURA_MODEL_POLICY", "default"),
             policy_version=env_str(env, "FATURA_POLICY_VERSION", "invoice-policy.v1"),

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from services.acceptance.keys import KeyInfo, KeyRequestError, create_key, list_keys, revoke_key
+from services.acceptance.keys import KeyInfo, KeyRequestError, create_key, list_keys, revoke_key, rotate_key
 from services.common.api.apikeys import OPERATOR, REVIEWER, TENANT
 from services.common.db import sync_pool
 from services.common.settings import CommonSettings
@@ -47,6 +47,20 @@ def register(sub: Any) -> None:
     revoke = actions.add_parser("revoke", help="revoke a key by its prefix (fat_<prefix>_...)")
     revoke.add_argument("prefix")
     revoke.set_defaults(func=_revoke)
+
+    rotate = actions.add_parser(
+        "rotate",
+        help="replace a key: print a new one (same scope, tenant, label); the old one ends after a grace",
+    )
+    rotate.add_argument("prefix")
+    rotate.add_argument(
+        "--grace",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="how long the old key keeps working (default 3600; 0 revokes it at once)",
+    )
+    rotate.set_defaults(func=_rotate)
 
 
 def _fail(action: str, message: str) -> int:
@@ -106,6 +120,16 @@ def _table(keys: list[KeyInfo]) -> None:
             key.revoked_at.strftime("%Y-%m-%d %H:%M:%S %Z") if key.revoked_at else "",
         )
     Console(width=None if sys.stdout.isatty() else 160).print(table)
+
+
+def _rotate(args: argparse.Namespace) -> int:
+    try:
+        with sync_pool(CommonSettings.from_env(), name="cli", max_size=1) as pool:
+            old, new, plaintext = rotate_key(pool, args.prefix, grace_seconds=args.grace)
+    except KeyRequestError as exc:
+        return _fail("rotate", str(exc))
+    print(json.dumps({"api_key": plaintext, **new.as_json(), "replaces": old.as_json()}))
+    return 0
 
 
 def _revoke(args: argparse.Namespace) -> int:

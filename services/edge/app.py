@@ -29,6 +29,7 @@ from services.common.api.auth import Authenticator
 from services.common.api.body import JsonBody
 from services.common.api.context import ApiContext, json_response
 from services.common.api.errors import ApiError, Unavailable
+from services.common.api.throttle import FailureThrottle
 from services.common.db import async_pool
 from services.delivery.api import delivery_routes
 from services.delivery.endpoints import Endpoints
@@ -47,11 +48,9 @@ class Edge:
         # Autocommit: a single read or a single-statement write is one round trip; a multi-statement
         # unit of work still opens its own transaction.
         self.pool = async_pool(settings.common, name="http", autocommit=True, role="edge")
-        self.context = ApiContext(
-            self.pool,
-            Authenticator(self.pool, settings.auth_cache_seconds),
-            JsonBody(settings.max_body_bytes),
-        )
+        throttle = FailureThrottle(settings.auth_failure_limit, 60.0, settings.auth_block_seconds)
+        auth = Authenticator(self.pool, settings.auth_cache_seconds, throttle)
+        self.context = ApiContext(self.pool, auth, JsonBody(settings.max_body_bytes))
         self.openapi = openapi.build(settings)
         self.endpoints = Endpoints(self.pool, DeliverySettings.from_env())
 

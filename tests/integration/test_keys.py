@@ -9,6 +9,7 @@ import httpx
 
 from fix_db import SyncPool, TenantHandle
 from fix_ops import fatura
+from fix_processes import SpawnFn, start_edge
 from services.common.api import apikeys
 
 
@@ -145,3 +146,54 @@ def test_a_command_that_takes_a_tenant_key_refuses_an_operator_key_with_a_messag
     )
 
     assert result.returncode == 2 and "takes a tenant's key" in result.stderr
+
+
+def test_a_rotated_key_keeps_working_through_its_grace_and_the_new_one_works_at_once(
+    base_env: dict[str, str], client: httpx.Client, tenant: TenantHandle
+) -> None:
+    # Given a tenant key in use, rotated with a grace period
+    old = tenant.api_key
+    rotated = json.loads(fatura("keys", "rotate", old, "--grace", "3600", env=base_env).stdout)
+    new = rotated["api_key"]
+    # Then both work for now, the new key keeps the old one's scope and tenant, and the old one's
+    # revocation is scheduled
+    assert client.get("/v1/extraction-jobs", headers=_bearer(old)).status_code == 200
+    assert client.get("/v1/extraction-jobs", headers=_bearer(new)).status_code == 200
+    assert (rotated["scope"], rotated["tenant_id"]) == ("tenant", str(tenant.id))
+    assert rotated["replaces"]["prefix"] == apikeys.parse(old) and rotated["replaces"]["revoked_at"]
+    # And revoking the old key ends its grace at once; rotating a revoked key is refused
+    fatura("keys", "revoke", old, env=base_env)
+    assert client.get("/v1/extraction-jobs", headers=_bearer(old)).status_code == 401
+    assert client.get("/v1/extraction-jobs", headers=_bearer(new)).status_code == 200
+    refused = fatura("keys", "rotate", old, env=base_env, check=False)
+    assert refused.returncode == 2 and "still valid" in refused.stderr
+
+
+def test_rotating_with_no_grace_ends_the_old_key_at_once(
+    base_env: dict[str, str], client: httpx.Client, tenant: TenantHandle
+) -> None:
+    new = json.loads(fatura("keys", "rotate", tenant.api_key, "--grace", "0", env=base_env).stdout)["api_key"]
+    assert client.get("/v1/extraction-jobs", headers=_bearer(tenant.api_key)).status_code == 401
+    assert client.get("/v1/extraction-jobs", headers=_bearer(new)).status_code == 200
+
+
+def test_an_address_that_keeps_presenting_invalid_keys_is_blocked_for_a_while(
+    spawn: SpawnFn, tenant: TenantHandle
+) -> None:
+    # Given an edge that blocks an address after 5 invalid keys in a minute
+    edge = start_edge(spawn, workers=1, FATURA_AUTH_FAILURE_LIMIT="5", FATURA_AUTH_BLOCK_SECONDS="120")
+    try:
+        with httpx.Client(base_url=edge.base_url or "", timeout=10) as c:
+            guesses = [
+                c.get("/v1/extraction-jobs", headers=_bearer(f"fat_{'a' * 12}_{'b' * 43}")).status_code
+                for _ in range(5)
+            ]
+            # When the same address then presents a valid key
+            blocked = c.get("/v1/extraction-jobs", headers=tenant.headers)
+        # Then the guesses were 401, and the address is refused for a while, valid key or not
+        assert guesses == [401] * 5
+        assert blocked.status_code == 429
+        assert blocked.json()["error"]["code"] == "too_many_failed_authentications"
+        assert 1 <= int(blocked.headers["Retry-After"]) <= 120
+    finally:
+        edge.stop()

@@ -159,9 +159,17 @@ WHERE (%(tenant_id)s::uuid IS NULL OR tenant_id = %(tenant_id)s::uuid)
 ORDER BY created_at, prefix
 
 -- name: revoke_api_key
--- Revoking twice keeps the first time.
-UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())
+-- Revoking twice keeps the first time; a revocation scheduled by a rotation is brought forward.
+UPDATE api_keys SET revoked_at = least(coalesce(revoked_at, now()), now())
 WHERE prefix = %(prefix)s
+RETURNING prefix, scope, label, tenant_id, created_at, revoked_at
+
+-- name: rotate_api_key
+-- The old key stays valid for the grace period, then is revoked (a revocation in the future takes
+-- effect when it comes); a key already revoked cannot be rotated.
+UPDATE api_keys
+SET revoked_at = now() + make_interval(secs => %(grace_seconds)s)
+WHERE prefix = %(prefix)s AND (revoked_at IS NULL OR revoked_at > now())
 RETURNING prefix, scope, label, tenant_id, created_at, revoked_at
 
 -- name: tenant_exists

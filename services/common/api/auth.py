@@ -19,6 +19,7 @@ from services.common.api import apikeys
 from services.common.api.apikeys import OPERATOR, TENANT
 from services.common.api.errors import Forbidden, Unauthorized
 from services.common.api.tenancy import Tenant, TenantLimits
+from services.common.api.throttle import FailureThrottle
 from services.common.queries import load_queries
 
 Q = load_queries(Path(__file__).resolve().parents[1] / "sql" / "auth.sql")
@@ -50,14 +51,17 @@ def bearer_token(header: str | None) -> str:
 
 
 class Authenticator:
-    def __init__(self, pool: AsyncConnectionPool[Any], ttl_seconds: float) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], ttl_seconds: float, throttle: FailureThrottle | None = None
+    ) -> None:
         self._pool = pool
         self._ttl = ttl_seconds
+        self._throttle = throttle or FailureThrottle(0, 60.0, 0.0)
         self._cache: OrderedDict[bytes, tuple[float, Principal | None]] = OrderedDict()
 
-    async def authenticate(self, authorization: str | None) -> Tenant:
+    async def authenticate(self, authorization: str | None, client: str | None = None) -> Tenant:
         """The tenant of a tenant-scoped key."""
-        principal = await self.principal(authorization)
+        principal = await self.principal(authorization, client)
         if principal.scope != TENANT or principal.tenant is None:
             raise Forbidden(
                 f"this key's scope is {principal.scope}; this route takes a tenant's key",
@@ -65,9 +69,9 @@ class Authenticator:
             )
         return principal.tenant
 
-    async def operator(self, authorization: str | None) -> Principal:
+    async def operator(self, authorization: str | None, client: str | None = None) -> Principal:
         """An operator-scoped key."""
-        principal = await self.principal(authorization)
+        principal = await self.principal(authorization, client)
         if principal.scope != OPERATOR:
             raise Forbidden(
                 f"this route takes an operator key (fatura keys create --operator); this key's "
@@ -76,10 +80,14 @@ class Authenticator:
             )
         return principal
 
-    async def principal(self, authorization: str | None) -> Principal:
+    async def principal(self, authorization: str | None, client: str | None = None) -> Principal:
+        """Who the key speaks for. ``client`` is the caller's address: too many invalid keys from one
+        address block it for a while (``FailureThrottle``)."""
+        self._throttle.check(client)
         token = bearer_token(authorization)
         prefix = apikeys.parse(token)
         if prefix is None:
+            self._throttle.failed(client)
             raise _unauthorized("the API key is not valid")
         cache_key = apikeys.digest(token)
         now = time.monotonic()
@@ -90,6 +98,7 @@ class Authenticator:
             principal = await self._lookup(prefix, token)
             self._remember(cache_key, (now + self._ttl, principal))
         if principal is None:
+            self._throttle.failed(client)
             raise _unauthorized("the API key is not valid or has been revoked")
         return principal
 
@@ -104,7 +113,8 @@ class Authenticator:
     async def _lookup(self, prefix: str, token: str) -> Principal | None:
         async with self._pool.connection() as conn:
             row = await (await conn.execute(Q["authenticate"], {"prefix": prefix})).fetchone()
-        if row is None or row["revoked_at"] is not None or not apikeys.matches(token, row["secret_hash"]):
+        # A revocation in the future (a rotated key's grace period) has not taken effect yet.
+        if row is None or not apikeys.matches(token, row["secret_hash"]):
             return None
         tenant = None
         if row["id"] is not None:

@@ -24,14 +24,18 @@ class ApiContext:
 
     async def tenant(self, request: Request) -> Tenant:
         """The tenant of the request's tenant-scoped key (401 without one, 403 for another scope)."""
-        return await self.auth.authenticate(request.headers.get("authorization"))
+        return await self.auth.authenticate(request.headers.get("authorization"), _client(request))
 
     async def operator(self, request: Request) -> Principal:
         """The request's operator key (401 without one, 403 for another scope)."""
-        return await self.auth.operator(request.headers.get("authorization"))
+        return await self.auth.operator(request.headers.get("authorization"), _client(request))
 
     async def json_body(self, request: Request) -> Any:
         return await self.body.read(request)
+
+
+def _client(request: Request) -> str | None:
+    return request.client.host if request.client is not None else None
 
 
 def only_query(request: Request, *allowed: str) -> None:

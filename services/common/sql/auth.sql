@@ -8,3 +8,4 @@ SELECT k.secret_hash, k.revoked_at, k.scope, k.label, t.id, t.name, t.weight, t.
 FROM api_keys k
 LEFT JOIN tenants t ON t.id = k.tenant_id
 WHERE k.prefix = %(prefix)s
+  AND (k.revoked_at IS NULL OR k.revoked_at > now())
