@@ -11,11 +11,13 @@ from services.edge import ops_schemas
 
 
 def _scope_errors(paths: JSON) -> None:
-    """Every route that takes a key answers 403 to a valid key of another scope."""
+    """Every route that takes a key answers 403 to a valid key of another scope, and 429 to an
+    address that presented too many invalid keys."""
     for item in paths.values():
         for operation in item.values():
             if operation.get("security"):
                 operation["responses"].setdefault("403", ERRORS[403])
+                operation["responses"].setdefault("429", ERRORS[429])
 
 
 def build(settings: AcceptanceSettings) -> JSON:

@@ -54,7 +54,11 @@ ERRORS: dict[int, JSON] = {
     413: error_response("The body or the document is larger than allowed. Nothing was written."),
     415: error_response("The body must be application/json. Nothing was written."),
     422: error_response("The JSON does not match the schema. Nothing was written."),
-    429: error_response("A tenant quota would be exceeded. Nothing was written.", retry_after=True),
+    429: error_response(
+        "A tenant quota would be exceeded, or too many invalid keys came from this address. Nothing was "
+        "written.",
+        retry_after=True,
+    ),
     503: error_response("The system cannot take this request now. Nothing was written.", retry_after=True),
 }
 
