@@ -26,6 +26,28 @@ from services.common.queries import load_queries
 
 Q = load_queries(Path(__file__).with_name("sql") / "uow.sql")
 
+
+def _fragment(name: str, *, job_id: str, source: str = "") -> str:
+    return Q[name].replace("{job_id}", job_id).replace("{source}", source)
+
+
+# The job's id is a parameter here; in the acceptance it comes from the row the statement inserts.
+RECORD_JOB_EVENT = _fragment("job_event_fragment", job_id="%(job_id)s")
+RECORD_CHANGE = f"WITH job_event AS ({RECORD_JOB_EVENT})\n" + _fragment(
+    "outbox_event_fragment", job_id="%(job_id)s"
+)
+
+
+def change_ctes(source: str) -> str:
+    """The job event and outbox event as CTEs selecting the job's ``id`` from the CTE ``source``:
+    a statement that inserts a job embeds these to record its first change atomically with it."""
+    from_source = f"\nFROM {source}"
+    return (
+        f"job_event AS ({_fragment('job_event_fragment', job_id='id', source=from_source)}),\n"
+        f"outbox_event AS ({_fragment('outbox_event_fragment', job_id='id', source=from_source)})"
+    )
+
+
 Row = dict[str, Any]
 
 
@@ -76,9 +98,9 @@ class UnitOfWork:
 
     def record(self, change: JobChange) -> uuid.UUID:
         if change.event_type is None:
-            self.conn.execute(Q["record_job_event"], change.params())
+            self.conn.execute(RECORD_JOB_EVENT, change.params())
             return change.event_id
-        self.conn.execute(Q["record_change"], change.params())
+        self.conn.execute(RECORD_CHANGE, change.params())
         self.recorded.append(change)
         return change.event_id
 
@@ -106,9 +128,9 @@ class AsyncUnitOfWork:
 
     async def record(self, change: JobChange) -> uuid.UUID:
         if change.event_type is None:
-            await self.conn.execute(Q["record_job_event"], change.params())
+            await self.conn.execute(RECORD_JOB_EVENT, change.params())
             return change.event_id
-        await self.conn.execute(Q["record_change"], change.params())
+        await self.conn.execute(RECORD_CHANGE, change.params())
         self.recorded.append(change)
         return change.event_id
 

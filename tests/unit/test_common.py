@@ -110,3 +110,16 @@ def test_the_body_reader_refuses_a_declared_length_that_is_not_a_number() -> Non
     with pytest.raises(ApiError) as refused:
         BODY.check_declared_length("12abc")
     assert refused.value.status == 400
+
+
+def test_the_acceptance_and_the_unit_of_work_record_a_change_with_one_definition() -> None:
+    # The single-statement acceptance embeds the unit of work's own inserts, not a copy of them
+    from services.acceptance.queries import Q as ACCEPTANCE
+    from services.common import uow
+
+    for table in ("job_events", "outbox_events"):
+        line = next(line for line in uow.RECORD_CHANGE.splitlines() if f"INSERT INTO {table}" in line)
+        insert = line[line.index("INSERT INTO") :]
+        assert insert in ACCEPTANCE["accept_job"]
+    assert "{change_ctes}" not in ACCEPTANCE["accept_job"]
+    assert ACCEPTANCE["accept_job"].count("INSERT INTO outbox_events") == 1

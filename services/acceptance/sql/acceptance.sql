@@ -46,6 +46,8 @@ RETURNING id, version, sha256, size_bytes, filename
 -- same idempotency key came first; the inline document, the job event and the outbox event are
 -- inserted only together with it (they select from `job`), so a replay or a conflict writes
 -- nothing. The foreign key from the job to its document is checked at the end of the statement.
+-- The marker after `document` is replaced by the job event and the outbox event, as the unit of
+-- work writes them (services/common/uow.py ``change_ctes``), selecting from `job`.
 WITH job AS (
     INSERT INTO extraction_jobs (
         id, tenant_id, idempotency_key, request_hash, document_id, document_version, object_version,
@@ -64,13 +66,7 @@ WITH job AS (
     FROM job
     WHERE %(inline)s
     ON CONFLICT (tenant_id, id, version) DO NOTHING
-), job_event AS (
-    INSERT INTO job_events (tenant_id, job_id, state, state_version, detail)
-    SELECT %(tenant_id)s, id, %(state)s, %(state_version)s, %(detail)s FROM job
-), outbox_event AS (
-    INSERT INTO outbox_events (event_id, tenant_id, job_id, event_type, payload)
-    SELECT %(event_id)s, %(tenant_id)s, id, %(event_type)s, %(payload)s FROM job
-)
+), {change_ctes}
 SELECT id, state, state_version, request_hash, priority, created_at FROM job
 
 -- name: job_by_key

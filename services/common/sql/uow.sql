@@ -1,17 +1,18 @@
 -- Statements of the unit of work: a job's state change is recorded as a job event and an outbox
 -- event in the same transaction as the row change itself.
+--
+-- The two inserts are written once, here, as fragments: {job_id} is where the job's id comes from
+-- and {source} what it is selected from. services/common/uow.py builds from them both the unit of
+-- work's statements and the CTEs the single-statement acceptance embeds (``change_ctes``), so
+-- every writer of job + event + outbox writes the same columns from the same JobChange.params().
 
--- name: record_change
-WITH job_event AS (
-    INSERT INTO job_events (tenant_id, job_id, state, state_version, detail)
-    VALUES (%(tenant_id)s, %(job_id)s, %(state)s, %(state_version)s, %(detail)s)
-)
-INSERT INTO outbox_events (event_id, tenant_id, job_id, event_type, payload)
-VALUES (%(event_id)s, %(tenant_id)s, %(job_id)s, %(event_type)s, %(payload)s)
-
--- name: record_job_event
+-- name: job_event_fragment
 INSERT INTO job_events (tenant_id, job_id, state, state_version, detail)
-VALUES (%(tenant_id)s, %(job_id)s, %(state)s, %(state_version)s, %(detail)s)
+SELECT %(tenant_id)s, {job_id}, %(state)s, %(state_version)s, %(detail)s{source}
+
+-- name: outbox_event_fragment
+INSERT INTO outbox_events (event_id, tenant_id, job_id, event_type, payload)
+SELECT %(event_id)s, %(tenant_id)s, {job_id}, %(event_type)s, %(payload)s{source}
 
 -- name: notify_outbox
 NOTIFY fatura_outbox
