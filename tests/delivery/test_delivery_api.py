@@ -25,6 +25,9 @@ PRIVATE_TARGETS = [
     "https://localhost/hook",
     "https://[2002:7f00:1::1]/hook",
     "https://224.0.0.1/hook",
+    "https://[::127.0.0.1]/hook",  # IPv4-compatible loopback
+    "https://[::ffff:0:a00:1]/hook",  # SIIT 10.0.0.1
+    "https://[fec0::1]/hook",  # site-local
 ]
 
 BAD_BODIES = [
@@ -59,6 +62,20 @@ def test_a_private_target_is_refused_with_422_and_nothing_is_stored(
     response = client.post("/v1/webhook-endpoints", json={"url": url}, headers=tenant.headers)
     assert response.status_code == 422, response.text
     assert response.json()["error"]["code"] == "egress_refused"
+    assert _endpoints(pool, tenant) == 0
+
+
+def test_a_refusal_does_not_tell_the_client_which_address_its_host_resolved_to(
+    client: httpx.Client, tenant: TenantHandle, pool: SyncPool
+) -> None:
+    # localhost resolves, on our side, to 127.0.0.1 and ::1: the client learns neither
+    response = client.post(
+        "/v1/webhook-endpoints", json={"url": "https://localhost/hook"}, headers=tenant.headers
+    )
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "egress_refused" and error["message"]
+    assert "127.0.0.1" not in response.text and "::1" not in response.text and "loopback" not in response.text
     assert _endpoints(pool, tenant) == 0
 
 
