@@ -18,7 +18,8 @@ def register(sub: Any) -> None:
     suppliers_sub = parser.add_subparsers(dest="suppliers_command", required=True, metavar="ACTION")
     imp = suppliers_sub.add_parser(
         "import",
-        help="import suppliers from CSV (tax_id,name,iban,currency) or a JSON array; all or nothing",
+        help="import suppliers from CSV (tax_id,name,iban,currency) or a JSON array; all or nothing "
+        "(a row with a problem is named, and nothing is written)",
     )
     imp.add_argument("file", type=Path)
     imp.add_argument("--tenant", required=True, help="tenant id")
@@ -35,7 +36,9 @@ def _import(args: argparse.Namespace) -> int:
         with sync_pool(CommonSettings.from_env(), name="cli", max_size=1) as pool:
             count = import_suppliers(pool, tenant_id, suppliers)
     except SupplierFileError as exc:
-        print(f"fatura suppliers import: {exc}; nothing was imported", file=sys.stderr)
+        print(f"fatura suppliers import: {args.file}: nothing was imported", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
         return 1
     print(f"imported {count} suppliers for tenant {tenant_id}")
     return 0

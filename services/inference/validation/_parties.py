@@ -16,16 +16,13 @@ from typing import Any
 from stdnum import iban as iso13616
 from stdnum.exceptions import InvalidChecksum, InvalidComponent, InvalidFormat, InvalidLength, ValidationError
 
+from services.common.taxids import normalize_tax_id as normalize_tax_id  # shared with supplier import
+
 from ._model import Reason, ValidationContext
 
 # Country code, check digits, then the BBAN in groups separated by at most one space (no line breaks).
 _IBAN_IN_TEXT = re.compile(r"(?<![A-Z0-9])[A-Z]{2}[0-9]{2}(?:[ \u00a0]?[A-Z0-9]){10,32}")
 _NON_ALNUM = re.compile(r"[^0-9A-Z]")
-
-
-def normalize_tax_id(raw: str) -> str:
-    """A tax id as master data keys it: upper-case letters and digits only ("94-1234567" → "941234567")."""
-    return _NON_ALNUM.sub("", unicodedata.normalize("NFKC", raw).upper())
 
 
 def compact_iban(raw: str) -> str:
