@@ -13,20 +13,20 @@ Goal (issue 4): B's p95 under load <= 2x its p95 on the idle system.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from typing import Any
 
-from bench.stack import OUT_DIR, TERMINAL, Stack, add_stack_arguments, limiter_toml, load_average
+from bench import report
+from bench.report import load_average, percentile
+from bench.stack import TERMINAL, Stack, add_stack_arguments, limiter_toml
 
 GOAL_RATIO = 2.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_stack_arguments(p)
+    add_stack_arguments(p, "fatura_bench_fairness")
     p.add_argument("--backlog", type=int, default=5000, help="tenant A's queued jobs (default 5000)")
     p.add_argument("--tries", type=int, default=20, help="tenant B's single-job tries per phase (default 20)")
     p.add_argument("--latency-ms", type=float, default=200.0, help="provider latency (default 200)")
@@ -37,10 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=2, help="inference worker processes (default 2)")
     p.add_argument("--slots", type=int, default=8, help="FATURA_INFERENCE_CONCURRENCY of each worker")
     p.add_argument("--priority", default="batch", choices=("batch", "interactive"), help="of both tenants")
-    p.add_argument("--database", default="fatura_bench_fairness", help="the bench's own database (recreated)")
-    p.add_argument(
-        "--out", type=Path, default=OUT_DIR / "bench-fairness.png", help="chart; numbers beside it"
-    )
+    report.add_out_argument(p, "bench-fairness.png")
 
 
 @dataclass(frozen=True)
@@ -54,12 +51,6 @@ class Phase:
     p50: float
     p95: float
     max: float
-
-
-def p(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, -(-int(q * 100) * len(ordered) // 100) - 1))]
 
 
 def tries(stack: Stack, name: str, api_key: str, a: uuid.UUID, args: argparse.Namespace) -> Phase:
@@ -81,9 +72,8 @@ def tries(stack: Stack, name: str, api_key: str, a: uuid.UUID, args: argparse.Na
         print(f"  try {i + 1:>2}: {row['state']} after {seconds * 1000:7.1f} ms", flush=True)
         time.sleep(0.1)
     after = a_remaining(stack, a)
-    return Phase(
-        name, load, latencies, states, before, after, p(latencies, 0.5), p(latencies, 0.95), max(latencies)
-    )
+    p50, p95 = percentile(latencies, 0.5), percentile(latencies, 0.95)
+    return Phase(name, load, latencies, states, before, after, p50, p95, max(latencies))
 
 
 def a_remaining(stack: Stack, tenant: uuid.UUID) -> int:
@@ -102,19 +92,13 @@ def wait_busy(stack: Stack, concurrency: int, timeout: float = 60.0) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    print(
-        f"fatura bench fairness — {os.cpu_count()} CPUs, load average {load_average()}; provider latency "
-        f"{args.distribution} {args.latency_ms:g} ms, concurrency {args.concurrency}; "
-        f"{args.workers} workers x "
-        f"{args.slots} slots; tenant A backlog {args.backlog}; {args.tries} tries; priority {args.priority}",
-        flush=True,
+    report.header(
+        "fairness",
+        f"provider latency {args.distribution} {args.latency_ms:g} ms, concurrency {args.concurrency}; "
+        f"{args.workers} workers x {args.slots} slots; tenant A backlog {args.backlog}; {args.tries} "
+        f"tries; priority {args.priority}",
     )
-    OUT_DIR.mkdir(exist_ok=True)
     with Stack("fairness", args.database, limiter_deadline_ms=args.limiter_deadline_ms) as stack:
-        print(
-            f"database {args.database}, queue prefix {stack.prefix}; process logs in {stack.log_dir}",
-            flush=True,
-        )
         stack.start_limiter(
             limiter_toml(
                 rpm=10**8, tpm=10**12, max_in_flight=args.concurrency, tenant_max_in_flight=args.concurrency
@@ -151,11 +135,11 @@ def run(args: argparse.Namespace) -> int:
         loaded = tries(stack, "behind A's backlog", b_key, a, args)
         stats = stack.provider_stats()
         counters = stack.worker_counters()
-    report(idle, loaded, stats, counters, args)
+    print_results(idle, loaded, stats, counters, args)
     return 0
 
 
-def report(
+def print_results(
     idle: Phase, loaded: Phase, stats: dict[str, object], counters: dict[str, float], args: argparse.Namespace
 ) -> None:
     ratio = loaded.p95 / idle.p95
@@ -166,7 +150,7 @@ def report(
             f"max {phase.max * 1000:7.1f} ms   ({len(phase.latencies)} tries; A not finished: "
             f"{phase.a_remaining_before} -> {phase.a_remaining_after}; load {phase.load_average})"
         )
-    verdict = "met" if ratio <= GOAL_RATIO else "NOT met"
+    verdict = report.met(ratio <= GOAL_RATIO)
     print(f"B's p95 behind A's backlog / idle p95 = {ratio:.2f}x (goal <= {GOAL_RATIO:g}x: {verdict})")
     drained = loaded.a_remaining_before - loaded.a_remaining_after
     if loaded.a_remaining_after == 0:
@@ -176,22 +160,17 @@ def report(
         f"provider requests by outcome {stats['by_outcome']}"
     )
     print("workers of the loaded phase counted: " + ", ".join(f"{k} {v:.0f}" for k, v in counters.items()))
-    out: Path = args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    numbers = {"idle": asdict(idle), "loaded": asdict(loaded), "ratio_p95": ratio}
-    numbers["worker_counters"] = counters
-    out.with_suffix(".json").write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
-    chart(idle, loaded, ratio, out)
-    print(f"chart: {out}  numbers: {out.with_suffix('.json')}")
+    numbers = {
+        "idle": asdict(idle),
+        "loaded": asdict(loaded),
+        "ratio_p95": ratio,
+        "worker_counters": counters,
+    }
+    report.save(args.out, chart(idle, loaded, ratio), numbers)
 
 
-def chart(idle: Phase, loaded: Phase, ratio: float, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 4.8))
+def chart(idle: Phase, loaded: Phase, ratio: float) -> Any:
+    fig, ax = report.pyplot().subplots(figsize=(9, 4.8))
     for phase, color in ((idle, "tab:green"), (loaded, "tab:red")):
         tries_ = range(1, len(phase.latencies) + 1)
         ax.plot(tries_, [x * 1000 for x in phase.latencies], marker="o", color=color, label=phase.name)
@@ -201,6 +180,4 @@ def chart(idle: Phase, loaded: Phase, ratio: float, out: Path) -> None:
     ax.set_title(f"fatura bench fairness: B's p95 behind A's backlog = {ratio:.2f}x idle")
     ax.legend()
     ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    return fig

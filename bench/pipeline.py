@@ -15,8 +15,6 @@ other on the same stack, each with a tenant of its own.
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -29,16 +27,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.cpu import sample_cpu
-from bench.cpu import split as cpu_split
-from bench.stack import OUT_DIR, TERMINAL, Stack, add_stack_arguments, limiter_toml, load_average, noop_queue
+from bench import cpu, report
+from bench.ceiling import in_child
+from bench.report import OUT_DIR, load_average, percentile
+from bench.stack import TERMINAL, Stack, add_stack_arguments, limiter_toml, noop_queue
 from services.common.settings import CommonSettings
 
 GOAL_JOBS_PER_SECOND = 300.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_stack_arguments(p)
+    add_stack_arguments(p, "fatura_bench_pipeline")
     p.add_argument("--jobs", type=int, default=3000, help="jobs per layout (default 3000)")
     p.add_argument(
         "--layouts",
@@ -55,10 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="record each worker with py-spy for this many seconds of each layout (folded stacks in out/)",
     )
-    p.add_argument("--database", default="fatura_bench_pipeline", help="the bench's own database (recreated)")
-    p.add_argument(
-        "--out", type=Path, default=OUT_DIR / "bench-pipeline.png", help="chart; numbers beside it"
-    )
+    report.add_out_argument(p, "bench-pipeline.png")
 
 
 @dataclass(frozen=True)
@@ -146,10 +142,7 @@ def measure_ceiling(stack: Stack, count: int, threads: int) -> Ceiling:
     print(
         f"ceiling: {count} messages to a no-op actor ({threads} threads, prefetch {threads}) ...", flush=True
     )
-    with mp.get_context("spawn").Pool(1) as pool:
-        published, consumed = pool.apply(
-            noop_main, (stack.common.amqp_url, noop_queue(stack.prefix), count, threads)
-        )
+    published, consumed = in_child(noop_main, stack.common.amqp_url, noop_queue(stack.prefix), count, threads)
     ceiling = Ceiling(count, threads, count / published, count / consumed)
     print(
         f"ceiling: published {ceiling.publish_per_second:,.0f} msg/s (confirms on), "
@@ -177,13 +170,13 @@ def run_layout(stack: Stack, layout: str, args: argparse.Namespace) -> LayoutRes
             f"layout {layout}: {processes} worker(s) x {concurrency} slots; load average {load}", flush=True
         )
         profilers = start_profilers(workers, layout, args.profile) if args.profile > 0 else []
-        cpu_before, xacts_before = sample_cpu(), transactions(stack)
+        cpu_before, xacts_before = cpu.sample(), transactions(stack)
         # Accept from a thread, so progress counts from the first acceptance.
         accepting = threading.Thread(target=stack.accept_jobs, args=(tenant, args.jobs), daemon=True)
         accepting.start()
         wait_terminal(stack, tenant, args.jobs, args.timeout, quiet=False)
         accepting.join()
-        cpu = cpu_split(stack, cpu_before, sample_cpu(), args.database)
+        seconds = stack.cpu_seconds(cpu_before, cpu.sample())
         time.sleep(1.0)  # PostgreSQL publishes its transaction counters at most once a second
         xacts = transactions(stack) - xacts_before
         counters = stack.worker_counters()
@@ -192,7 +185,7 @@ def run_layout(stack: Stack, layout: str, args: argparse.Namespace) -> LayoutRes
     finally:
         for worker in workers:
             stack.stop(worker)
-    return summarize(stack, tenant, layout, processes, concurrency, load, cpu, xacts, counters)
+    return summarize(stack, tenant, layout, processes, concurrency, load, seconds, xacts, counters)
 
 
 def finish_profiler(profiler: subprocess.Popen[bytes], timeout: float) -> None:
@@ -253,7 +246,7 @@ def summarize(
     processes: int,
     concurrency: int,
     load: str,
-    cpu: dict[str, float],
+    cpu_seconds: dict[str, float],
     xacts: int,
     counters: dict[str, float],
 ) -> LayoutResult:
@@ -261,7 +254,7 @@ def summarize(
     rows = stack.query("tenant_finish_times", tenant_id=tenant)
     first = float(span["first_accepted"])
     finishes = [float(r["finished"]) - first for r in rows]
-    latencies = sorted(float(r["finished"]) - float(r["accepted"]) for r in rows)
+    latencies = [float(r["finished"]) - float(r["accepted"]) for r in rows]
     seconds = float(span["seconds"] or 0.0)
     finished = int(span["finished"])
     lo, hi = int(0.1 * len(finishes)), int(0.9 * len(finishes)) - 1
@@ -276,18 +269,14 @@ def summarize(
         seconds=seconds,
         jobs_per_second=finished / seconds if seconds else 0.0,
         steady_jobs_per_second=steady,
-        p50_seconds=_pick(latencies, 0.50),
-        p99_seconds=_pick(latencies, 0.99),
+        p50_seconds=percentile(latencies, 0.50),
+        p99_seconds=percentile(latencies, 0.99),
         load_average=load,
-        cpu_ms_per_job={k: round(1000 * v / max(1, finished), 3) for k, v in cpu.items()},
+        cpu_ms_per_job={k: round(1000 * v / max(1, finished), 3) for k, v in cpu_seconds.items()},
         transactions_per_job=xacts / max(1, finished),
         worker_counters=counters,
         finish_offsets=finishes,
     )
-
-
-def _pick(ordered: list[float], q: float) -> float:
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 # ---------------------------------------------------------------- entry point
@@ -295,17 +284,12 @@ def _pick(ordered: list[float], q: float) -> float:
 
 def run(args: argparse.Namespace) -> int:
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
-    print(
-        f"fatura bench pipeline — {os.cpu_count()} CPUs, load average {load_average()}; {args.jobs} jobs per "
-        f"layout, zero-latency simulated provider with no limits, limiter pool limits far above reach",
-        flush=True,
+    report.header(
+        "pipeline",
+        f"{args.jobs} jobs per layout, zero-latency simulated provider with no limits, limiter pool "
+        "limits far above reach",
     )
-    OUT_DIR.mkdir(exist_ok=True)
     with Stack("pipeline", args.database, limiter_deadline_ms=args.limiter_deadline_ms) as stack:
-        print(
-            f"database {args.database}, queue prefix {stack.prefix}; process logs in {stack.log_dir}",
-            flush=True,
-        )
         stack.start_limiter(
             limiter_toml(rpm=10**8, tpm=10**12, max_in_flight=100_000, tenant_max_in_flight=100_000)
         )
@@ -314,11 +298,11 @@ def run(args: argparse.Namespace) -> int:
         stack.start_scheduler()
         ceiling = measure_ceiling(stack, args.noop_messages, args.threads)
         results = [run_layout(stack, layout, args) for layout in layouts]
-    report(results, ceiling, args.out)
+    print_results(results, ceiling, args.out)
     return 0
 
 
-def report(results: list[LayoutResult], ceiling: Ceiling, out: Path) -> None:
+def print_results(results: list[LayoutResult], ceiling: Ceiling, out: Path) -> None:
     print()
     print(
         f"{'layout':<8} {'jobs':>6} {'seconds':>8} {'jobs/s':>8} {'steady/s':>9} "
@@ -340,30 +324,21 @@ def report(results: list[LayoutResult], ceiling: Ceiling, out: Path) -> None:
         print(f"  {r.layout:<8} " + ", ".join(f"{k} {v:.0f}" for k, v in r.worker_counters.items()))
     best = max(results, key=lambda r: r.jobs_per_second)
     ratio = best.jobs_per_second / ceiling.consume_per_second
-    verdict = "met" if best.jobs_per_second >= GOAL_JOBS_PER_SECOND else "NOT met"
     print(
         f"best: {best.layout} at {best.jobs_per_second:.1f} jobs/s accepted -> terminal; goal >= "
-        f"{GOAL_JOBS_PER_SECOND:g} jobs/s: {verdict}"
+        f"{GOAL_JOBS_PER_SECOND:g} jobs/s: {report.met(best.jobs_per_second >= GOAL_JOBS_PER_SECOND)}"
     )
     print(
         f"ceiling: no-op Dramatiq actor {ceiling.consume_per_second:,.0f} msg/s "
         f"({ceiling.threads} threads, same broker settings); "
         f"best / ceiling = {ratio:.3f} (a job consumes 2 messages: ingest + run wake-up)"
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
     numbers = {"ceiling": asdict(ceiling), "layouts": [asdict(r) | {"finish_offsets": None} for r in results]}
-    out.with_suffix(".json").write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
-    chart(results, ceiling, out)
-    print(f"chart: {out}  numbers: {out.with_suffix('.json')}")
+    report.save(out, chart(results, ceiling), numbers)
 
 
-def chart(results: list[LayoutResult], ceiling: Ceiling, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (curve, bars) = plt.subplots(1, 2, figsize=(12, 4.8))
+def chart(results: list[LayoutResult], ceiling: Ceiling) -> Any:
+    fig, (curve, bars) = report.pyplot().subplots(1, 2, figsize=(12, 4.8))
     for r in results:
         curve.plot(
             r.finish_offsets,
@@ -384,6 +359,4 @@ def chart(results: list[LayoutResult], ceiling: Ceiling, out: Path) -> None:
     bars.set_title("Pipeline jobs/s vs the no-op Dramatiq ceiling")
     bars.legend()
     fig.suptitle(f"fatura bench pipeline: {os.cpu_count()} CPUs, zero-latency provider, no limits")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    return fig

@@ -18,16 +18,15 @@ peak in-flight at the provider <= its concurrency.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from bench.stack import OUT_DIR, Stack, add_stack_arguments, limiter_toml, load_average
+from bench import report
+from bench.report import load_average
+from bench.stack import Stack, add_stack_arguments, limiter_toml
 
 SEED_FORMULA = (
     "seed 000_d29c5a52d58f6ad8.txt §3: attempt_capacity = min(RPM / 60, "
@@ -37,7 +36,7 @@ GOAL_RATIO = 0.95
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_stack_arguments(p)
+    add_stack_arguments(p, "fatura_bench_quota")
     p.add_argument(
         "--duration",
         type=float,
@@ -60,8 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--workers", type=int, default=3, help="inference worker processes (default 3)")
     p.add_argument("--slots", type=int, default=8, help="FATURA_INFERENCE_CONCURRENCY of each worker")
-    p.add_argument("--database", default="fatura_bench_quota", help="the bench's own database (recreated)")
-    p.add_argument("--out", type=Path, default=OUT_DIR / "bench-quota.png", help="chart; numbers beside it")
+    report.add_out_argument(p, "bench-quota.png")
 
 
 @dataclass
@@ -119,21 +117,14 @@ def run(args: argparse.Namespace) -> int:
     pool_tpm = args.tpm or 10**12  # the limiter needs a number; far above anything reachable
     rate = args.rpm / 60 if args.rpm else args.concurrency / (args.latency_ms / 1000)
     backlog = int(rate * args.duration * 1.3) + 300
-    print(
-        f"fatura bench quota — {os.cpu_count()} CPUs, load average {load_average()}; "
-        f"provider RPM {args.rpm}, "
-        f"TPM {args.tpm or 'unlimited'}, concurrency {args.concurrency}, latency {args.distribution} mean "
-        f"{args.latency_ms:g} ms; limiter pool the same over {args.pool_window_ms} ms; "
-        f"{args.workers} workers x {args.slots} slots; "
-        f"{args.duration:g} s measured; backlog {backlog} jobs",
-        flush=True,
+    report.header(
+        "quota",
+        f"provider RPM {args.rpm}, TPM {args.tpm or 'unlimited'}, concurrency {args.concurrency}, latency "
+        f"{args.distribution} mean {args.latency_ms:g} ms; limiter pool the same over "
+        f"{args.pool_window_ms} ms; {args.workers} workers x {args.slots} slots; {args.duration:g} s "
+        f"measured; backlog {backlog} jobs",
     )
-    OUT_DIR.mkdir(exist_ok=True)
     with Stack("quota", args.database, limiter_deadline_ms=args.limiter_deadline_ms) as stack:
-        print(
-            f"database {args.database}, queue prefix {stack.prefix}; process logs in {stack.log_dir}",
-            flush=True,
-        )
         stack.start_limiter(
             limiter_toml(
                 rpm=args.rpm,
@@ -201,11 +192,11 @@ def run(args: argparse.Namespace) -> int:
         "job_states": states,
         "worker_counters": counters,
     }
-    report(figures, samples, args)
+    print_results(figures, samples, args)
     return 0
 
 
-def report(figures: dict[str, Any], samples: Samples, args: argparse.Namespace) -> None:
+def print_results(figures: dict[str, Any], samples: Samples, args: argparse.Namespace) -> None:
     f = figures["formula"]
     print()
     print(SEED_FORMULA)
@@ -226,40 +217,31 @@ def report(figures: dict[str, Any], samples: Samples, args: argparse.Namespace) 
     print(
         f"achieved: {figures['attempts']} attempts in {figures['seconds']:.1f} s = "
         f"{figures['attempts_per_second']:.3f} attempts/s = {100 * ratio:.1f}% of the formula "
-        f"(goal >= {100 * GOAL_RATIO:.0f}%: {'met' if ratio >= GOAL_RATIO else 'NOT met'})"
+        f"(goal >= {100 * GOAL_RATIO:.0f}%: {report.met(ratio >= GOAL_RATIO)})"
     )
     limited_total = figures["provider_429s"]
     print(
         f"provider 429s for its own limits: {limited_total} "
-        f"(goal 0: {'met' if limited_total == 0 else 'NOT met'}); "
+        f"(goal 0: {report.met(limited_total == 0)}); "
         f"by outcome {figures['provider_by_outcome']}"
     )
     peak = figures["peak_in_flight"]
     print(
         f"peak in-flight at the provider: {peak} (goal <= {args.concurrency}: "
-        f"{'met' if peak <= args.concurrency else 'NOT met'}); "
+        f"{report.met(peak <= args.concurrency)}); "
         f"load average at the start {figures['load_average']}"
     )
     print(f"job states at the end: {figures['job_states']}")
     print("worker counters: " + ", ".join(f"{k} {v:.0f}" for k, v in figures["worker_counters"].items()))
-    out: Path = args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({**figures, "samples": asdict(samples)}, indent=2) + "\n")
-    chart(samples, figures, args, out)
-    print(f"chart: {out}  numbers: {out.with_suffix('.json')}")
+    report.save(args.out, chart(samples, figures, args), {**figures, "samples": asdict(samples)})
 
 
 def _term(value: float) -> str:
     return "∞" if math.isinf(value) else f"{value:.3f}"
 
 
-def chart(samples: Samples, figures: dict[str, Any], args: argparse.Namespace, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (rate_ax, flight_ax) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
+def chart(samples: Samples, figures: dict[str, Any], args: argparse.Namespace) -> Any:
+    fig, (rate_ax, flight_ax) = report.pyplot().subplots(2, 1, figsize=(10, 6.5), sharex=True)
     # Attempts/s over a sliding 5 s, from the cumulative counter.
     times, rates = [], []
     for i, t in enumerate(samples.at):
@@ -287,6 +269,4 @@ def chart(samples: Samples, figures: dict[str, Any], args: argparse.Namespace, o
         f"{100 * figures['ratio']:.1f}% of the formula; 429s {figures['provider_429s']}; "
         f"peak in flight {figures['peak_in_flight']}"
     )
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    return fig

@@ -1,4 +1,5 @@
-"""The inference pipeline as real processes for the benchmarks (``fatura bench pipeline|quota|fairness``).
+"""The stack as real processes for the benchmarks: the edge (and the relay) for ``fatura bench accept``,
+the inference pipeline for ``pipeline``, ``quota`` and ``fairness``.
 
 Everything is private to one run: a database of its own whose name contains ``bench`` (dropped and
 recreated), a queue prefix, limiter port and Redis key prefix, provider port and metrics ports, so
@@ -12,44 +13,33 @@ event); ``submit_http`` goes through the edge when the HTTP path itself matters.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
-import redis
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import dict_row
 
-from bench.accept import bench_database, free_port
-from services.acceptance.accept import plan_job, write_params
-from services.acceptance.queries import Q as ACCEPT_Q
-from services.acceptance.requests import CreateJob, DocumentBody
-from services.acceptance.settings import AcceptanceSettings
+from bench import cpu
+from bench.ceiling import accept_one
+from bench.procs import Proc, free_port, spawn
+from bench.report import OUT_DIR
+from bench.resources import add_database_argument, bench_database, delete_keys, delete_queues
 from services.acceptance.tenants import TenantSpec, create_tenant, import_suppliers, parse_suppliers
 from services.common import events
 from services.common.db import SyncPool, sync_pool
-from services.common.ids import new_id
 from services.common.queries import load_queries
 from services.common.settings import CommonSettings
-from services.inference.worker import queues as inference_queues
-from services.sandbox.samples import SUPPLIERS_CSV, load_samples
+from services.sandbox.samples import SUPPLIERS_CSV, Sample, load_samples
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT_DIR = Path("out")
+JOBS_PATH = "/v1/extraction-jobs"
 Q = load_queries(Path(__file__).with_name("sql") / "bench.sql")
 TERMINAL = frozenset({"SUCCEEDED", "REVIEW_REQUIRED", "FAILED_TERMINAL", "CANCELLED"})
-ACCEPT = AcceptanceSettings()
 # Prometheus family (as the parser names it) -> short name in the benchmarks' output.
 WORKER_COUNTERS = {
     "fatura_inference_deferrals": "deferred",
@@ -60,27 +50,8 @@ WORKER_COUNTERS = {
 }
 
 
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-    ready_url: str
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def stop(self, timeout: float = 20.0) -> None:
-        if self.alive():
-            os.killpg(self.popen.pid, signal.SIGTERM)
-        try:
-            self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait()
-
-
-def add_stack_arguments(p: argparse.ArgumentParser) -> None:
+def add_stack_arguments(p: argparse.ArgumentParser, database: str) -> None:
+    add_database_argument(p, database)
     p.add_argument(
         "--limiter-deadline-ms",
         type=int,
@@ -101,16 +72,17 @@ def limiter_toml(
 
 
 class Stack:
-    """One benchmark's processes, database, queues and limiter keys; a context manager."""
+    """One benchmark's processes, database, queues and limiter keys; a context manager that says where
+    they are when entered and removes them when left (the process logs stay)."""
 
     def __init__(self, label: str, database: str, *, limiter_deadline_ms: int = 0) -> None:
         self.label = label
+        self.database = database
         self.database_url = bench_database(database)
         self.prefix = f"bench-{label}-{uuid.uuid4().hex[:8]}"
         self.key_prefix = f"fatura:bench:{self.prefix}"
         self.log_dir = OUT_DIR / f"bench-{label}-logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.common = CommonSettings.from_env({**os.environ, "FATURA_DATABASE_URL": self.database_url})
         self.limiter_port, self.provider_port = free_port(), free_port()
         self.provider_url = f"http://127.0.0.1:{self.provider_port}"
         self.edge_url: str | None = None
@@ -125,12 +97,17 @@ class Stack:
         }
         if limiter_deadline_ms:
             self.env["FATURA_LIMITER_DEADLINE_MS"] = str(limiter_deadline_ms)
+        self.common = CommonSettings.from_env({**os.environ, **self.env})
         self.procs: list[Proc] = []
         self._started = 0
         self.pool: SyncPool = sync_pool(self.common, name=f"bench-{label}", max_size=8)
         self.pool.open()
 
     def __enter__(self) -> Stack:
+        print(
+            f"database {self.database}, queue prefix {self.prefix}; process logs in {self.log_dir}",
+            flush=True,
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -142,23 +119,8 @@ class Stack:
         """Start ``fatura run NAME`` with ``env`` over the stack's own, and wait until it is ready."""
         self._started += 1  # not len(self.procs): stopped processes leave it, their logs stay
         log_path = self.log_dir / f"{name}-{self._started}.log"
-        command = [sys.executable, "-m", "services.cli.main", "run", name]
-        with log_path.open("wb") as log:
-            popen = subprocess.Popen(
-                command,
-                cwd=ROOT,
-                env={**os.environ, **self.env, **env},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: its children stop with it
-            )
-        proc = Proc(name, popen, log_path, ready_url)
+        proc = spawn(name, ("run", name), log_path, {**self.env, **env}, ready_url)
         self.procs.append(proc)
-        deadline = time.monotonic() + 60
-        while not _ready(ready_url):
-            if not proc.alive() or time.monotonic() > deadline:
-                raise SystemExit(f"`fatura run {name}` did not become ready; see {log_path}")
-            time.sleep(0.2)
         return proc
 
     def stop(self, proc: Proc) -> None:
@@ -225,15 +187,16 @@ class Stack:
             **env,
         )
 
-    def start_edge(self) -> Proc:
+    def start_edge(self, workers: int = 1) -> Proc:
         port, metrics = free_port(), free_port()
         self.edge_url = f"http://127.0.0.1:{port}"
         return self.spawn(
             "http",
             f"{self.edge_url}/readyz",
+            FATURA_HTTP_HOST="127.0.0.1",
             FATURA_HTTP_PORT=str(port),
             FATURA_HTTP_METRICS_PORT=str(metrics),
-            FATURA_HTTP_WORKERS="1",
+            FATURA_HTTP_WORKERS=str(workers),
             FATURA_MAX_SYSTEM_BACKLOG=str(10**9),
         )
 
@@ -242,30 +205,17 @@ class Stack:
             proc.stop()
         self.procs.clear()
         self.pool.close()
-        self._delete_queues()
-        self._delete_keys()
+        delete_queues(self.common.amqp_url, [*events.all_queues(self.prefix), noop_queue(self.prefix)])
+        delete_keys(self.common.redis_url, self.key_prefix)
 
-    def _delete_queues(self) -> None:
-        import pika
-
-        names = {events.queue_name(self.prefix, r) for routes in events.ROUTES.values() for r in routes}
-        names |= set(inference_queues(self.prefix)) | {noop_queue(self.prefix)}
-        connection = pika.BlockingConnection(pika.URLParameters(self.common.amqp_url))
-        try:
-            channel = connection.channel()
-            for name in names:
-                for suffix in ("", ".DQ", ".XQ"):
-                    channel.queue_delete(name + suffix)
-        finally:
-            connection.close()
-
-    def _delete_keys(self) -> None:
-        client = redis.Redis.from_url(self.common.redis_url)
-        try:
-            for key in client.scan_iter(f"{self.key_prefix}*", count=1000):
-                client.delete(key)
-        finally:
-            client.close()
+    def cpu_seconds(self, before: cpu.CpuSample, after: cpu.CpuSample) -> dict[str, float]:
+        """CPU seconds between the samples by the stack's process name (each with its children),
+        ``bench`` (this process: the accepting threads), ``rabbitmq``, ``redis``, ``postgres``, ``other``."""
+        groups: dict[str, set[int]] = {}
+        for proc in self.procs:
+            groups.setdefault(proc.name, set()).update(cpu.tree(after, {proc.pid}))
+        groups["bench"] = {os.getpid()}
+        return cpu.split(before, after, groups, self.database, servers=True)
 
     # ------------------------------------------------------------ tenants and jobs
 
@@ -306,8 +256,8 @@ class Stack:
         assert self.edge_url is not None
         sample = next(s for s in load_samples() if s.expect == "SUCCEEDED")
         response = httpx.post(
-            f"{self.edge_url}/v1/extraction-jobs",
-            json={"document": {"text": sample.text, "filename": sample.filename}, "priority": priority},
+            f"{self.edge_url}{JOBS_PATH}",
+            json=job_body(sample, priority),
             headers={"Authorization": f"Bearer {api_key}", "Idempotency-Key": f"bench-{uuid.uuid4()}"},
             timeout=30.0,
         )
@@ -349,36 +299,10 @@ class Stack:
         httpx.delete(f"{self.provider_url}/admin/stats", timeout=5.0).raise_for_status()
 
 
-def accept_one(conn: psycopg.Connection[Any], tenant_id: uuid.UUID, text: str, priority: str) -> uuid.UUID:
-    """One job exactly as the edge accepts it far from any limit: the single ``accept_job`` statement."""
-    key = f"bench-{uuid.uuid4()}"
-    data = text.encode()
-    digest = hashlib.sha256(data).hexdigest()
-    request = CreateJob(
-        document=DocumentBody(text, "invoice.txt", len(data), digest),
-        schema="invoice.v1",
-        priority=priority,
-        deadline_seconds=ACCEPT.default_deadline_seconds,
-        options={},
-    )
-    plan = plan_job(ACCEPT, tenant_id, key, request, len(data), digest)
-    job_id = new_id()
-    row = conn.execute(ACCEPT_Q["accept_job"], write_params(ACCEPT, tenant_id, key, request, plan, job_id))
-    if row.fetchone() is None:
-        raise SystemExit("the accept statement wrote nothing")
-    return job_id
+def job_body(sample: Sample, priority: str) -> dict[str, Any]:
+    """The body of ``POST /v1/extraction-jobs`` for one sample invoice, inline."""
+    return {"document": {"text": sample.text, "filename": sample.filename}, "priority": priority}
 
 
 def noop_queue(prefix: str) -> str:
     return f"{prefix}.bench.noop"
-
-
-def load_average() -> str:
-    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1.0).status_code == 200
-    except httpx.HTTPError:
-        return False

@@ -1,4 +1,4 @@
-"""The pure figures of the inference benchmarks: seed 000's capacity formula and B's percentile."""
+"""The pure figures of the benchmarks: seed 000's capacity formula and the percentile every bench reports."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from bench.fairness import p
 from bench.quota import capacity
+from bench.report import percentile
 
 
 def test_capacity_formula_reproduces_the_seeds_worked_example() -> None:
@@ -30,5 +30,13 @@ def test_an_unlimited_dimension_never_binds() -> None:
 
 def test_p95_of_twenty_tries_is_the_nineteenth_slowest() -> None:
     tries = [float(i) for i in range(1, 21)]
-    assert p(tries, 0.95) == 19.0
-    assert p(tries, 0.50) == 10.0
+    assert percentile(tries, 0.95) == 19.0
+    assert percentile(tries, 0.50) == 10.0
+
+
+def test_percentile_is_the_nearest_rank_whatever_the_order_and_nan_for_nothing() -> None:
+    calls = [float(i) for i in range(3000, 0, -1)]
+    assert percentile(calls, 0.99) == 2970.0
+    assert percentile(calls, 1.0) == 3000.0
+    assert percentile(calls, 0.0) == 1.0
+    assert math.isnan(percentile([], 0.5))
