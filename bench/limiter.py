@@ -15,19 +15,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench import cpu, load, report, resources
+from bench.procs import Proc, free_port, spawn
+from bench.report import percentile
+
 POOL_TOML = """
 [pools.{pool}]
 rpm = 1000000000
@@ -52,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--no-threads-phase", dest="threads_phase", action="store_false", help="skip LimiterClient"
     )
     p.add_argument("--redis-url", help="Redis for the limiter and the ceiling (default FATURA_REDIS_URL)")
-    p.add_argument("--out", type=Path, default=Path("out") / "bench_limiter.png", help="chart path")
+    report.add_out_argument(p, "bench_limiter.png")
 
 
 @dataclass
@@ -84,24 +82,18 @@ class Phase:
     def rate(self) -> float:
         return self.pairs / self.elapsed if self.elapsed else 0.0
 
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime of a process, from /proc (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    def figures(self) -> dict[str, Any]:
+        """The numbers written beside the chart."""
+        spread = {
+            f"{what}_p{round(100 * q)}_ms": percentile(getattr(self, f"{what}_ms"), q)
+            for what in ("acquire", "release", "pair")
+            for q in (0.5, 0.99)
+        }
+        cpu_us = (
+            {who: seconds / self.pairs * 1e6 for who, seconds in self.cpu_s.items()} if self.pairs else {}
+        )
+        head = {"name": self.name, "offered": self.offered, "pairs_per_second": self.rate}
+        return {**head, "pairs": self.pairs, "errors": self.errors, **spread, "cpu_us_per_pair": cpu_us}
 
 
 class CpuMeter:
@@ -113,32 +105,24 @@ class CpuMeter:
 
     def sample(self) -> dict[str, float]:
         info = self._redis_info()
-        own = os.times()
         sample = {
-            "bench": own.user + own.system,
+            "bench": cpu.process_seconds(os.getpid()),
             "redis": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
         }
         if self._server_pid is not None:
-            sample["limiter"] = proc_cpu_s(self._server_pid)
+            sample["limiter"] = cpu.process_seconds(self._server_pid)
         return sample
 
-    @staticmethod
-    def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-        return {name: after[name] - before[name] for name in before}
+    @contextmanager
+    def window(self, phase: Phase) -> Iterator[None]:
+        """Charge the CPU spent while the block runs to ``phase``."""
+        before = self.sample()
+        yield
+        after = self.sample()
+        phase.cpu_s = {name: after[name] - before[name] for name in before}
 
 
-async def progress(label: str, phase: Phase, started: float, duration: float) -> None:
-    while True:
-        await asyncio.sleep(1.0)
-        seconds = time.perf_counter() - started
-        rate = phase.pairs / seconds
-        print(
-            f"  {label}: {seconds:4.1f}/{duration:.0f}s {phase.pairs:>8,} pairs {rate:>7,.0f} pairs/s",
-            flush=True,
-        )
-
-
-PairFn = Callable[..., Awaitable[None]]  # (phase, measuring, scheduled_start=None)
+PairFn = Callable[..., Coroutine[Any, Any, None]]  # (phase, measuring, scheduled_start=None)
 
 
 async def closed_loop(
@@ -146,10 +130,10 @@ async def closed_loop(
 ) -> Phase:
     phase = Phase(label)
     measuring = False
-    stop_at = time.perf_counter() + warmup + duration
+    stop_at = time.monotonic() + warmup + duration
 
     async def client() -> None:
-        while time.perf_counter() < stop_at:
+        while time.monotonic() < stop_at:
             await pair(phase, measuring)
 
     print(f"{label}: {clients} clients, {warmup:.0f}s warm-up + {duration:.0f}s measured", flush=True)
@@ -157,12 +141,10 @@ async def closed_loop(
     await asyncio.sleep(warmup)
     measuring = True
     phase.pairs = phase.errors = 0
-    before, started = meter.sample(), time.perf_counter()
-    reporter = asyncio.create_task(progress(label, phase, started, duration))
-    await asyncio.gather(*tasks)
-    phase.elapsed = time.perf_counter() - started
-    phase.cpu_s = CpuMeter.delta(before, meter.sample())
-    reporter.cancel()
+    started = time.monotonic()
+    with meter.window(phase), report.progress(label, lambda: phase.pairs):
+        await asyncio.gather(*tasks)
+        phase.elapsed = time.monotonic() - started
     return phase
 
 
@@ -170,51 +152,39 @@ def threaded_loop(
     label: str, address: str, pool: str, clients: int, warmup: float, duration: float, meter: CpuMeter
 ) -> Phase:
     """The blocking LimiterClient the inference workers use, one thread per client, one channel."""
-    import threading
-
     from services.limiter.client import LimiterClient
     from services.limiter.errors import LimiterError
     from services.limiter.model import Grant, Outcome
 
     phase = Phase(label)
     client = LimiterClient(address, deadline_ms=5_000)
-    lock = threading.Lock()
-    start_at = time.perf_counter() + warmup
-    stop_at = start_at + duration
 
-    def worker() -> None:
-        pairs: list[tuple[float, float, float]] = []
-        errors: list[str] = []
-        while (t0 := time.perf_counter()) < stop_at:
-            try:
-                grant = client.acquire(pool, "bench", 100, 100)
-                t1 = time.perf_counter()
-                if not isinstance(grant, Grant) or grant.emergency:
-                    raise LimiterError(f"not a limiter grant: {grant!r}")
-                client.release(grant.permit_id, Outcome.COMPLETED, 80, 20)
-            except LimiterError as exc:
-                if t0 >= start_at:
-                    errors.append(repr(exc))
-                continue
-            if t0 >= start_at:
-                pairs.append((t0, t1, time.perf_counter()))
-        with lock:  # the measured figures are merged once, at the end
-            for times in pairs:
-                phase.record(*times)
-            for error in errors:
-                phase.fail(error)
+    def pair(_: object) -> float:
+        grant = client.acquire(pool, "bench", 100, 100)
+        answered = time.monotonic()
+        if not isinstance(grant, Grant) or grant.emergency:
+            raise LimiterError(f"not a limiter grant: {grant!r}")
+        client.release(grant.permit_id, Outcome.COMPLETED, 80, 20)
+        return answered
 
     print(f"{label}: {clients} threads, {warmup:.0f}s warm-up + {duration:.0f}s measured", flush=True)
-    threads = [threading.Thread(target=worker) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    time.sleep(max(0.0, start_at - time.perf_counter()))
-    before = meter.sample()
-    for thread in threads:
-        thread.join()
-    phase.elapsed = time.perf_counter() - start_at
-    phase.cpu_s = CpuMeter.delta(before, meter.sample())
-    client.close()
+    try:
+        calls = load.closed_loop(
+            clients,
+            lambda: nullcontext(client),
+            pair,
+            seconds=duration,
+            warmup=warmup,
+            failures=(LimiterError,),
+            window=lambda: meter.window(phase),
+        )
+    finally:
+        client.close()
+    for started, answered, ended in zip(calls.starts, calls.values, calls.ends, strict=True):
+        phase.record(started, answered, ended)
+    for failure in calls.failures:
+        phase.fail(failure)
+    phase.elapsed = calls.seconds
     return phase
 
 
@@ -222,73 +192,48 @@ async def open_loop(label: str, pair: PairFn, rate: float, duration: float, mete
     """Pairs start every 1/rate s whether or not earlier ones finished; latency from the schedule."""
     phase = Phase(label, offered=rate)
     print(f"{label}: {rate:,.0f} pairs/s offered for {duration:.0f}s", flush=True)
-    total = int(rate * duration)
-    outstanding: set[asyncio.Task[None]] = set()
-    before, started = meter.sample(), time.perf_counter()
-    reporter = asyncio.create_task(progress(label, phase, started, duration))
-
-    for i in range(total):
-        at = started + i / rate
-        delay = at - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        task = asyncio.create_task(pair(phase, True, at))
-        outstanding.add(task)
-        task.add_done_callback(outstanding.discard)
-    await asyncio.gather(*list(outstanding))
-    phase.elapsed = time.perf_counter() - started
-    phase.cpu_s = CpuMeter.delta(before, meter.sample())
-    reporter.cancel()
+    started = time.monotonic()
+    with meter.window(phase), report.progress(label, lambda: phase.pairs):
+        await load.open_loop(rate, duration, lambda _, at: pair(phase, True, at), start_at=started)
+        phase.elapsed = time.monotonic() - started
     return phase
 
 
-def start_server(redis_url: str, config: Path, prefix: str) -> tuple[subprocess.Popen[bytes], str, Path]:
-    port = free_port()
-    log_path = config.with_suffix(".log")
+def start_server(redis_url: str, config_text: str, prefix: str) -> tuple[Proc, str]:
+    logs = report.OUT_DIR / "bench-limiter-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    config = logs / "limiter.toml"
+    config.write_text(config_text, encoding="utf-8")
+    port, metrics = free_port(), free_port()
     env = {
-        **os.environ,
         "FATURA_REDIS_URL": redis_url,
-        "FATURA_LIMITER_CONFIG": str(config),
+        "FATURA_LIMITER_CONFIG": str(config.resolve()),
         "FATURA_LIMITER_PORT": str(port),
-        "FATURA_LIMITER_METRICS_PORT": str(free_port()),
+        "FATURA_LIMITER_METRICS_PORT": str(metrics),
         "FATURA_LIMITER_KEY_PREFIX": prefix,
     }
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "services.limiter.server"],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    return process, f"127.0.0.1:{port}", log_path
+    ready = f"http://127.0.0.1:{metrics}/readyz"
+    return spawn("limiter", ("run", "limiter"), logs / "limiter.log", env, ready), f"127.0.0.1:{port}"
 
 
-def wait_serving(address: str, process: subprocess.Popen[bytes] | None, log_path: Path | None) -> None:
+def serving(address: str) -> bool:
+    """The limiter at ``address`` reports SERVING on the gRPC health service."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            log = log_path.read_text() if log_path else ""
-            raise SystemExit(f"limiter exited with {process.returncode}:\n{log}")
-        try:
-            with grpc.insecure_channel(address) as channel:
-                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-        except grpc.RpcError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"limiter at {address} did not report SERVING within 30 s")
+    try:
+        with grpc.insecure_channel(address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    except grpc.RpcError:
+        return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 def p50_p99(values: list[float]) -> str:
     return f"{percentile(values, 0.5):7.2f}/{percentile(values, 0.99):<7.2f}"
 
 
-def report(phases: list[Phase], ceiling: Phase, limiter: Phase) -> None:
+def print_results(phases: list[Phase], ceiling: Phase, limiter: Phase) -> None:
     print()
     columns = ("acquire p50/p99 ms", "release p50/p99 ms", "pair p50/p99 ms")
     print(f"{'phase':<44} {'pairs/s':>8}  " + "  ".join(f"{c:<15}" for c in columns) + "  errors")
@@ -321,21 +266,15 @@ def report(phases: list[Phase], ceiling: Phase, limiter: Phase) -> None:
     print(f"limiter: {limiter.rate:,.0f} pairs/s = {ratio:.0%} of the raw redis-py ceiling", end="")
     print(f" ({ceiling.rate:,.0f} pairs/s, same run)")
     p99 = max(percentile(limiter.acquire_ms, 0.99), percentile(limiter.release_ms, 0.99))
-    met = limiter.rate >= GOAL_PAIRS_PER_S and p99 <= GOAL_P99_MS
+    verdict = report.met(limiter.rate >= GOAL_PAIRS_PER_S and p99 <= GOAL_P99_MS).upper()
     print(
         f"goal >= {GOAL_PAIRS_PER_S:,} pairs/s with p99 <= {GOAL_P99_MS:.0f} ms per RPC (closed loop): "
-        f"{'MET' if met else 'NOT MET'} ({limiter.rate:,.0f} pairs/s, worst RPC p99 {p99:.2f} ms)"
+        f"{verdict} ({limiter.rate:,.0f} pairs/s, worst RPC p99 {p99:.2f} ms)"
     )
 
 
-def chart(path: Path, phases: list[Phase]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+def chart(phases: list[Phase]) -> Any:
+    fig, (left, right) = report.pyplot().subplots(1, 2, figsize=(11, 4.2))
     closed = [p for p in phases if p.offered is None]
     left.bar([p.name for p in closed], [p.rate for p in closed])
     left.axhline(GOAL_PAIRS_PER_S, color="red", linestyle="--", label=f"goal {GOAL_PAIRS_PER_S:,}/s")
@@ -352,10 +291,7 @@ def chart(path: Path, phases: list[Phase]) -> None:
     right.set(ylabel="ms (log)", yscale="log", title="Acquire latency")
     right.legend(fontsize=8)
     fig.suptitle("fatura bench limiter")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"chart: {path}")
+    return fig
 
 
 async def measure(
@@ -384,10 +320,10 @@ async def measure(
         return op.interpret([x.decode() if isinstance(x, bytes) else x for x in reply])
 
     async def raw_pair(phase: Phase, measuring: bool, at: float | None = None) -> None:
-        t0 = at if at is not None else time.perf_counter()
+        t0 = at if at is not None else time.monotonic()
         try:
             grant = await raw(ops.acquire(AcquireRequest(args.pool, "bench", 100, 100, 0, uuid.uuid4().hex)))
-            t1 = time.perf_counter()
+            t1 = time.monotonic()
             assert isinstance(grant, Grant), grant
             await raw(ops.release(grant.permit_id, Outcome.COMPLETED, 80, 20))
         except Exception as exc:  # counted and shown; a benchmark keeps going
@@ -395,13 +331,13 @@ async def measure(
                 phase.fail(repr(exc))
             return
         if measuring:
-            phase.record(t0, t1, time.perf_counter())
+            phase.record(t0, t1, time.monotonic())
 
     channel = grpc.aio.insecure_channel(address)
     stub = pb_grpc.LimiterServiceStub(channel)
 
     async def grpc_pair(phase: Phase, measuring: bool, at: float | None = None) -> None:
-        t0 = at if at is not None else time.perf_counter()
+        t0 = at if at is not None else time.monotonic()
         try:
             reply = await stub.Acquire(
                 pb.AcquireRequest(
@@ -413,7 +349,7 @@ async def measure(
                 ),
                 timeout=5,
             )
-            t1 = time.perf_counter()
+            t1 = time.monotonic()
             await stub.Release(
                 pb.ReleaseRequest(
                     permit_id=reply.granted.permit_id,
@@ -428,10 +364,8 @@ async def measure(
                 phase.fail(f"{exc.code().name}: {exc.details()}")
             return
         if measuring:
-            phase.record(t0, t1, time.perf_counter())
+            phase.record(t0, t1, time.monotonic())
 
-    load = os.getloadavg()
-    print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
     phases = [
         await closed_loop("redis-py (raw Lua)", raw_pair, args.clients, args.warmup, args.duration, meter),
         await closed_loop("limiter (gRPC)", grpc_pair, args.clients, args.warmup, args.duration, meter),
@@ -450,18 +384,8 @@ async def measure(
     await channel.close()
     await raw_client.aclose()
     info_client.close()
-    report(phases, phases[0], phases[1])
-    chart(args.out, phases)
-
-
-def delete_keys(redis_url: str, prefix: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(redis_url)
-    batch = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    for start in range(0, len(batch), 1000):
-        client.delete(*batch[start : start + 1000])
-    client.close()
+    print_results(phases, phases[0], phases[1])
+    report.save(args.out, chart(phases), {"phases": [phase.figures() for phase in phases]})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -471,25 +395,26 @@ def run(args: argparse.Namespace) -> int:
     args.redis_url = args.redis_url or CommonSettings.from_env().redis_url
     prefix = f"fatura:bench:{uuid.uuid4().hex[:8]}"
     config_text = POOL_TOML.format(pool=args.pool)
-    config = parse_config(config_text)
-    process: subprocess.Popen[bytes] | None = None
-    log_path: Path | None = None
-    with tempfile.TemporaryDirectory(prefix="bench-limiter-") as tmp:
-        config_path = Path(tmp) / "limiter.toml"
-        config_path.write_text(config_text)
-        try:
-            if args.address:
-                address = args.address
-                print(f"using the limiter at {address} (pool {args.pool!r}); its CPU is not measured")
-            else:
-                process, address, log_path = start_server(args.redis_url, config_path, prefix)
-                print(f"started a limiter (pid {process.pid}) at {address}", end="")
-                print(f" on {args.redis_url}, key prefix {prefix}")
-            wait_serving(address, process, log_path)
-            asyncio.run(measure(args, address, process.pid if process else None, prefix, config))
-        finally:
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                process.wait(timeout=30)
-            delete_keys(args.redis_url, prefix)
+    report.header(
+        "limiter",
+        f"{args.clients} clients, {args.duration:g} s per closed-loop phase, open loop at "
+        f"{args.open_rates or 'no rate'} pairs/s",
+    )
+    server: Proc | None = None
+    try:
+        if args.address:
+            address = args.address
+            if not serving(address):
+                raise SystemExit(f"no limiter reports SERVING at {address}")
+            print(f"using the limiter at {address} (pool {args.pool!r}); its CPU is not measured")
+        else:
+            server, address = start_server(args.redis_url, config_text, prefix)
+            print(f"started a limiter (pid {server.pid}) at {address}", end="")
+            print(f" on {args.redis_url}, key prefix {prefix}; its log is {server.log_path}")
+        config = parse_config(config_text)
+        asyncio.run(measure(args, address, server.pid if server else None, prefix, config))
+    finally:
+        if server is not None:
+            server.stop()
+        resources.delete_keys(args.redis_url, f"{prefix}:")
     return 0
