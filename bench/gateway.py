@@ -15,22 +15,16 @@ work shares the machine's cores.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-import httpx
-import redis
-
+from bench import report, resources
+from bench.procs import Proc, free_port, spawn
+from bench.report import percentile
 from services.inference.prompt import build_messages
 from services.inference.providers.base import PermitDenied, PermitGranted, ProviderRequest
 from services.inference.providers.breaker_store import RedisBreakers, connect
@@ -40,7 +34,6 @@ from services.inference.providers.gateway import Gateway, http_client
 from services.inference.providers.settings import GatewaySettings
 from services.sandbox.samples import SAMPLES_DIR
 
-ROOT = Path(__file__).resolve().parents[1]
 MODEL = "fatura-sim-1"
 GOAL_ADDED_P99_MS = 2.0
 
@@ -50,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=200, help="unmeasured calls per series first")
     p.add_argument("--base-url", help="bench this running provider (…/v1) instead of starting one")
     p.add_argument("--redis-url", help="Redis for the circuit breaker (default FATURA_REDIS_URL)")
-    p.add_argument("--out", type=Path, default=Path("out") / "bench-gateway.png", help="chart path")
+    report.add_out_argument(p, "bench-gateway.png")
 
 
 class NoPermits:
@@ -64,39 +57,13 @@ class NoPermits:
         pass
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def start_provider() -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tempfile.NamedTemporaryFile(prefix="bench-gateway-provider-", suffix=".log", delete=False)
-    env = {**os.environ, "FATURA_SANDBOX_PROVIDER_PORT": str(port), "FATURA_LOG_LEVEL": "WARNING"}
-    for name in ("LATENCY_MS", "RPM", "TPM", "CONCURRENCY", "API_KEY"):
-        env.pop(f"FATURA_SANDBOX_PROVIDER_{name}", None)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "services.cli.main", "sandbox", "provider"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the simulated provider exited; its log is {log.name}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return process, f"{url}/v1"
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"the simulated provider was not ready in 30 s; its log is {log.name}")
+def start_provider(port: int) -> Proc:
+    """The simulated provider with zero latency and no limits."""
+    env = {"FATURA_SANDBOX_PROVIDER_PORT": str(port), "FATURA_LOG_LEVEL": "WARNING"}
+    env |= {f"FATURA_SANDBOX_PROVIDER_{name}": "0" for name in ("LATENCY_MS", "RPM", "TPM", "CONCURRENCY")}
+    env["FATURA_SANDBOX_PROVIDER_API_KEY"] = ""
+    log = report.OUT_DIR / "bench-gateway-logs" / "provider.log"
+    return spawn("provider", ("sandbox", "provider"), log, env, f"http://127.0.0.1:{port}/readyz")
 
 
 CPU_MS: dict[int, float] = {}  # id(series) -> CPU ms this process spent on it
@@ -114,71 +81,72 @@ def run(args: argparse.Namespace) -> int:
     base_settings = GatewaySettings.from_env()
     redis_url = args.redis_url or base_settings.redis_url
     prefix = f"bench:breaker:{uuid.uuid4().hex[:8]}"
-    process, base_url = (None, args.base_url.rstrip("/")) if args.base_url else start_provider()
+    report.header("gateway", f"{args.calls} calls per series, alternating, after {args.warmup} unmeasured")
+    port = free_port()
+    base_url = args.base_url.rstrip("/") if args.base_url else f"http://127.0.0.1:{port}/v1"
     try:
-        raw = {
-            "channels": {"bench": {"serves": MODEL, "base_url": base_url, "pool": "bench"}},
-            "models": {MODEL: {"chain": ["bench"]}},
-        }
-        catalog = parse_catalog(raw, {})
-        channel = catalog.chains[MODEL][0]
-        cache_ms = base_settings.breaker_healthy_cache_ms
-        breakers = RedisBreakers(connect(redis_url), prefix, base_settings.breaker, healthy_cache_ms=cache_ms)
-        gateway = Gateway(catalog, base_settings, breakers)
-        uncached = RedisBreakers(connect(redis_url), prefix, base_settings.breaker)
-        bare_client = http_client(base_settings)
-        text = (SAMPLES_DIR / "01_tr_kirtasiye_try.txt").read_text(encoding="utf-8")
-        request = ProviderRequest(MODEL, build_messages(text, nonce="0" * 16), 2048, 30.0, "bench:1")
-        body = request_body(channel, request)
-        headers = {"accept": "text/event-stream", "x-request-id": request.request_id}
-        permits = NoPermits()
+        with nullcontext() if args.base_url else start_provider(port):
+            measure_calls(args, base_settings, redis_url, prefix, base_url)
+    finally:
+        resources.delete_keys(redis_url, f"{prefix}:")
+    return 0
 
-        def bare() -> None:
-            with bare_client.stream("POST", channel.url, json=body, headers=headers) as response:
-                for _ in response.iter_lines():
-                    pass
-                if response.status_code != 200:
-                    raise SystemExit(f"the provider answered {response.status_code}")
 
-        def through_gateway() -> None:
-            result = gateway.complete(request, permits)
-            if not result.ok:
-                raise SystemExit(f"the gateway call failed: {result.error_class} {result.error_message}")
+def measure_calls(
+    args: argparse.Namespace, base_settings: GatewaySettings, redis_url: str, prefix: str, base_url: str
+) -> None:
+    raw = {
+        "channels": {"bench": {"serves": MODEL, "base_url": base_url, "pool": "bench"}},
+        "models": {MODEL: {"chain": ["bench"]}},
+    }
+    catalog = parse_catalog(raw, {})
+    channel = catalog.chains[MODEL][0]
+    cache_ms = base_settings.breaker_healthy_cache_ms
+    breakers = RedisBreakers(connect(redis_url), prefix, base_settings.breaker, healthy_cache_ms=cache_ms)
+    gateway = Gateway(catalog, base_settings, breakers)
+    uncached = RedisBreakers(connect(redis_url), prefix, base_settings.breaker)
+    bare_client = http_client(base_settings)
+    text = (SAMPLES_DIR / "01_tr_kirtasiye_try.txt").read_text(encoding="utf-8")
+    request = ProviderRequest(MODEL, build_messages(text, nonce="0" * 16), 2048, 30.0, "bench:1")
+    body = request_body(channel, request)
+    headers = {"accept": "text/event-stream", "x-request-id": request.request_id}
+    permits = NoPermits()
 
-        def admit() -> None:
-            uncached.admit(channel.name)
+    def bare() -> None:
+        with bare_client.stream("POST", channel.url, json=body, headers=headers) as response:
+            for _ in response.iter_lines():
+                pass
+            if response.status_code != 200:
+                raise SystemExit(f"the provider answered {response.status_code}")
 
-        series: dict[str, list[float]] = {"bare httpx": [], "gateway": [], "breaker admit (Redis)": []}
-        scratch: list[float] = []
-        print(
-            f"provider {base_url} (zero latency), breaker in {redis_url} (healthy cache {cache_ms} ms);"
-            f" warmup {args.warmup} calls each"
-        )
-        measure(bare, scratch, args.warmup)
-        measure(through_gateway, scratch, args.warmup)
-        started, step = time.monotonic(), max(1, args.calls // 10)
+    def through_gateway() -> None:
+        result = gateway.complete(request, permits)
+        if not result.ok:
+            raise SystemExit(f"the gateway call failed: {result.error_class} {result.error_message}")
+
+    def admit() -> None:
+        uncached.admit(channel.name)
+
+    series: dict[str, list[float]] = {"bare httpx": [], "gateway": [], "breaker admit (Redis)": []}
+    scratch: list[float] = []
+    print(
+        f"provider {base_url} (zero latency), breaker in {redis_url} (healthy cache {cache_ms} ms);"
+        f" warmup {args.warmup} calls each"
+    )
+    measure(bare, scratch, args.warmup)
+    measure(through_gateway, scratch, args.warmup)
+    with report.progress("calls each", lambda: len(series["gateway"]), args.calls):
         for i in range(args.calls):
             first, second = ("bare httpx", "gateway") if i % 2 == 0 else ("gateway", "bare httpx")
             for name in (first, second):
                 measure(bare if name == "bare httpx" else through_gateway, series[name], 1)
-            if (i + 1) % step == 0:
-                print(f"  {i + 1}/{args.calls} calls each, {time.monotonic() - started:.1f} s", flush=True)
-        measure(admit, series["breaker admit (Redis)"], args.calls)
-        gateway.close()
-        bare_client.close()
-        report(series, args.out)
-    finally:
-        if process is not None:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=15)
-        client = redis.Redis.from_url(redis_url)
-        for key in client.scan_iter(f"{prefix}:*"):
-            client.delete(key)
-        client.close()
-    return 0
+    measure(admit, series["breaker admit (Redis)"], args.calls)
+    gateway.close()
+    bare_client.close()
+    print_results(series, args.out)
 
 
-def report(series: dict[str, list[float]], out: Path) -> None:
+def print_results(series: dict[str, list[float]], out: Path) -> None:
     figures: dict[str, Any] = {}
     print()
     for name, values in series.items():
@@ -194,7 +162,7 @@ def report(series: dict[str, list[float]], out: Path) -> None:
     added_p50 = gw["p50_ms"] - bare["p50_ms"]
     added_p99 = gw["p99_ms"] - bare["p99_ms"]
     ratio = gw["p99_ms"] / bare["p99_ms"]
-    verdict = "met" if added_p99 <= GOAL_ADDED_P99_MS else "NOT met"
+    verdict = report.met(added_p99 <= GOAL_ADDED_P99_MS)
     added_cpu = gw["cpu_ms_per_call"] - bare["cpu_ms_per_call"]
     print(
         f"{'added by the gateway':<24} p50 {added_p50:+7.3f} ms   p99 {added_p99:+7.3f} ms"
@@ -206,19 +174,11 @@ def report(series: dict[str, list[float]], out: Path) -> None:
         "p99_ms": round(added_p99, 3),
         "p99_ratio": round(ratio, 3),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
-    chart(series, out, added_p99, ratio)
-    print(f"chart: {out}  numbers: {out.with_suffix('.json')}")
+    report.save(out, chart(series, added_p99, ratio), figures)
 
 
-def chart(series: dict[str, list[float]], out: Path, added_p99: float, ratio: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+def chart(series: dict[str, list[float]], added_p99: float, ratio: float) -> Any:
+    fig, ax = report.pyplot().subplots(figsize=(8, 4.5))
     for name, values in series.items():
         ordered = sorted(values)
         ax.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=name)
@@ -229,6 +189,4 @@ def chart(series: dict[str, list[float]], out: Path, added_p99: float, ratio: fl
     ax.set_title(f"Gateway vs bare httpx, zero-latency provider: +{added_p99:.2f} ms at p99 ({ratio:.2f}x)")
     ax.legend(loc="lower right")
     ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    return fig
