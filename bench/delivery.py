@@ -34,6 +34,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from services.acceptance.tenants import TenantSpec, create_tenant
 from services.common.broker import make_broker
 from services.common.db import sync_pool
+from services.common.keyring import DEVELOPMENT_KEY, Keyring
 from services.common.migrate import migrate
 from services.common.settings import CommonSettings
 from services.delivery import payload, signing
@@ -224,7 +225,12 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--database must differ from FATURA_DATABASE_URL's database")
     database_url = _recreate(base, args.database)
     prefix = f"bench-delivery-{uuid.uuid4().hex[:6]}"
-    env = {"FATURA_DATABASE_URL": database_url, "FATURA_QUEUE_PREFIX": prefix, "FATURA_LOG_LEVEL": "WARNING"}
+    env = {
+        "FATURA_DATABASE_URL": database_url,
+        "FATURA_QUEUE_PREFIX": prefix,
+        "FATURA_LOG_LEVEL": "WARNING",
+        "FATURA_SECRETS_KEY": DEVELOPMENT_KEY,
+    }
     logs = Path("out") / "bench-delivery-logs"
     logs.mkdir(parents=True, exist_ok=True)
     secret = signing.new_secret()
@@ -247,7 +253,11 @@ def run(args: argparse.Namespace) -> int:
         _wait_ready(f"{erp_url}/readyz", erp, logs / "erp.log")
         with sync_pool(bench_common, name="bench", max_size=2) as pool:
             tenant_id, _key = create_tenant(pool, TenantSpec(name="bench-delivery"))
-        settings = DeliverySettings(common=bench_common, egress_allow=(ipaddress.ip_network("127.0.0.0/8"),))
+        settings = DeliverySettings(
+            common=bench_common,
+            egress_allow=(ipaddress.ip_network("127.0.0.0/8"),),
+            keyring=Keyring.from_env({"FATURA_SECRETS_KEY": DEVELOPMENT_KEY}),
+        )
         endpoint = register_endpoint(tenant_id, f"{erp_url}/webhooks", settings=settings, secret=secret)
         endpoint_id = uuid.UUID(endpoint["endpoint_id"])
         n = args.deliveries

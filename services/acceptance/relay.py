@@ -155,7 +155,9 @@ class Relay:
         while not stop.is_set():
             try:
                 if listener is None or listener.closed:
-                    listener = connect(s.common, autocommit=True, role="relay", name="relay-listener")
+                    listener = connect(
+                        s.common, autocommit=True, role="relay", name="relay-listener", db_role="fatura_relay"
+                    )
                     listener.execute(Q["listen"])
                 claimed = self.relay_once()
                 self.update_backlog_metrics(force=claimed == 0)
@@ -197,7 +199,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     broker = make_broker(settings.common)
-    with sync_pool(settings.common, name="relay", max_size=3, role="relay") as pool:
+    with sync_pool(settings.common, name="relay", max_size=3, role="relay", db_role="fatura_relay") as pool:
         relay = Relay(settings, pool, broker)
         ready = readiness.all_of(readiness.postgres(pool), readiness.rabbitmq(settings.common.amqp_url))
         ops = start_ops_server(settings.metrics_port, ready) if settings.metrics_port else None

@@ -36,6 +36,7 @@ from services.chaos.settings import ChaosSettings
 from services.cli.stack import ChildSpec, RestartPolicy, Stack
 from services.common import events
 from services.common.db import sync_pool
+from services.common.keyring import DEVELOPMENT_KEY
 from services.common.migrate import migrate
 from services.common.settings import CommonSettings
 from services.delivery.endpoints import register_endpoint
@@ -188,6 +189,7 @@ class ChaosStack:
             "FATURA_LOG_LEVEL": "INFO",
             "FATURA_FAULTS": "",
             "FATURA_EGRESS_ALLOW": LOCAL_EGRESS,
+            "FATURA_SECRETS_KEY": DEVELOPMENT_KEY,
             "FATURA_ERP_PORT": str(p["erp"]),
             "FATURA_ERP_DB": str(self._tmp / "erp.sqlite"),
             "FATURA_ERP_SECRETS": self.secret,
@@ -273,7 +275,11 @@ class ChaosStack:
             self.tenant_id, self.api_key = create_tenant(pool, spec)
             import_suppliers(pool, self.tenant_id, parse_suppliers(SUPPLIERS_CSV))
         delivery = DeliverySettings.from_env(
-            {"FATURA_DATABASE_URL": self.database_url, "FATURA_EGRESS_ALLOW": LOCAL_EGRESS}
+            {
+                "FATURA_DATABASE_URL": self.database_url,
+                "FATURA_EGRESS_ALLOW": LOCAL_EGRESS,
+                "FATURA_SECRETS_KEY": DEVELOPMENT_KEY,
+            }
         )
         register_endpoint(self.tenant_id, f"{self.erp_url}/webhooks", settings=delivery, secret=self.secret)
 

@@ -12,6 +12,8 @@ import argparse
 import importlib
 from typing import Any
 
+from services.cli.stack import apply_local_defaults
+
 BENCHMARKS = {
     "accept": ("bench.accept", "open-loop job submissions against the running HTTP edge vs raw psycopg"),
     "limiter": ("bench.limiter", "Acquire+Release pairs through the limiter vs the raw Lua scripts"),
@@ -35,6 +37,8 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # A benchmark starts processes of a local stack, with the local stack's settings.
+    apply_local_defaults()
     module_name, text = BENCHMARKS[args.benchmark]
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"fatura bench {args.benchmark}", description=text)

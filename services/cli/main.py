@@ -24,6 +24,7 @@ _COMMAND_MODULES = (
     "services.cli.sandbox",
     "services.chaos.cli",
     "services.cli.dlq",
+    "services.cli.secrets",
 )
 
 

@@ -28,6 +28,7 @@ import redis
 from pika.exceptions import AMQPError
 
 from services.cli.processes import PROCESSES, ProcessSpec, by_name
+from services.common.keyring import DEVELOPMENT_KEY
 from services.common.settings import CommonSettings, SettingsError, env_float
 
 START_COMMANDS = {
@@ -73,7 +74,8 @@ def check_dependencies(settings: CommonSettings) -> list[str]:
 
 # The local stack delivers webhooks to the reference ERP on this machine: the egress guard refuses
 # private and loopback targets unless the allow-list names them (DESIGN §5.10).
-LOCAL_DEFAULTS = {"FATURA_EGRESS_ALLOW": "127.0.0.1/32,::1/128"}
+# Webhook secrets are sealed under a master key: locally, the well-known development one.
+LOCAL_DEFAULTS = {"FATURA_EGRESS_ALLOW": "127.0.0.1/32,::1/128", "FATURA_SECRETS_KEY": DEVELOPMENT_KEY}
 
 
 def apply_local_defaults() -> None:

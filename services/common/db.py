@@ -5,10 +5,15 @@ statement or a lock wait that runs too long is cancelled, a transaction left idl
 process) is ended and its locks released, and TCP keepalives plus a user timeout notice a peer
 that vanished without a word. A cut connection then fails fast and the caller's failure class
 (transient) decides what happens next.
+
+A service's session also takes its database role (``db_role``, e.g. ``fatura_delivery``, made by
+migration 0007) when ``FATURA_DB_ROLES`` is on, so it holds only that role's grants; admin sessions
+(migrations, CLI, tests) keep the login user's.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,13 +62,24 @@ KEEPALIVES: dict[str, Any] = {
 }
 
 
-def session_kwargs(name: str, role: str, *, autocommit: bool = False) -> dict[str, Any]:
-    """Connection arguments for a session of ``role`` (a key of ``ROLE_LIMITS``)."""
+# A database role name goes into libpq's options string: only plain identifiers.
+_DB_ROLE = re.compile(r"^fatura_[a-z]{1,40}$")
+
+
+def session_kwargs(
+    name: str, role: str, *, autocommit: bool = False, db_role: str | None = None
+) -> dict[str, Any]:
+    """Connection arguments for a session of ``role`` (a key of ``ROLE_LIMITS``), acting as the
+    database role ``db_role`` when one is given."""
     limits = ROLE_LIMITS[role]
     options = (
         f"-c statement_timeout={limits.statement_timeout_ms} -c lock_timeout={limits.lock_timeout_ms} "
         f"-c idle_in_transaction_session_timeout={limits.idle_in_transaction_ms}"
     )
+    if db_role is not None:
+        if not _DB_ROLE.match(db_role):
+            raise ValueError(f"not a service's database role: {db_role!r}")
+        options += f" -c role={db_role}"
     return {
         "application_name": f"fatura-{name}",
         "row_factory": dict_row,
@@ -80,6 +96,7 @@ def sync_pool(
     max_size: int | None = None,
     role: str = "admin",
     autocommit: bool = False,
+    db_role: str | None = None,
 ) -> SyncPool:
     """A blocking pool (relay, CLI, workers). Call ``open()`` or use it as a context manager."""
     size = max_size or settings.db_pool_max
@@ -88,7 +105,7 @@ def sync_pool(
         connection_class=Connection[DictRow],
         min_size=min(settings.db_pool_min, size),
         max_size=size,
-        kwargs=session_kwargs(name, role, autocommit=autocommit),
+        kwargs=session_kwargs(name, role, autocommit=autocommit, db_role=_db_role(settings, db_role)),
         name=name,
         open=False,
         timeout=10.0,
@@ -104,6 +121,7 @@ def async_pool(
     max_size: int | None = None,
     autocommit: bool = False,
     role: str = "admin",
+    db_role: str | None = None,
 ) -> AsyncPool:
     """An asyncio pool (HTTP edge). Open it in the application's lifespan."""
     size = max_size or settings.db_pool_max
@@ -112,7 +130,7 @@ def async_pool(
         connection_class=AsyncConnection[DictRow],
         min_size=min(settings.db_pool_min, size),
         max_size=size,
-        kwargs=session_kwargs(name, role, autocommit=autocommit),
+        kwargs=session_kwargs(name, role, autocommit=autocommit, db_role=_db_role(settings, db_role)),
         name=name,
         open=False,
         timeout=10.0,
@@ -121,7 +139,17 @@ def async_pool(
 
 
 def connect(
-    settings: CommonSettings, *, autocommit: bool = False, role: str = "admin", name: str = "cli"
+    settings: CommonSettings,
+    *,
+    autocommit: bool = False,
+    role: str = "admin",
+    name: str = "cli",
+    db_role: str | None = None,
 ) -> Connection[DictRow]:
     """A single connection with dict rows, for short CLI tasks and listeners."""
-    return Connection.connect(settings.database_url, **session_kwargs(name, role, autocommit=autocommit))
+    kwargs = session_kwargs(name, role, autocommit=autocommit, db_role=_db_role(settings, db_role))
+    return Connection.connect(settings.database_url, **kwargs)
+
+
+def _db_role(settings: CommonSettings, db_role: str | None) -> str | None:
+    return db_role if settings.db_roles else None

@@ -2,7 +2,8 @@
 
 Each file runs in its own transaction and is recorded with its checksum; a file edited after it
 was applied is refused. Two processes migrating at once serialize on the lock, and the second
-finds nothing left to do.
+finds nothing left to do. A migration SQL cannot express alone has a Python step (``STEPS``), run
+in the same transaction just before its SQL; the file's header says what the step does.
 """
 
 from __future__ import annotations
@@ -10,12 +11,17 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from services.common.keyring import Keyring
+from services.common.secret_rows import seal_plaintext_step
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +29,10 @@ MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 # Any constant works; it only has to be the same for every migrating process.
 _LOCK_KEY = 0x46415455  # "FATU"
+
+Step = Callable[[psycopg.Connection[Any], Keyring | None], None]
+# By (version, name): a scratch directory's own 0007 never runs this step.
+STEPS: dict[tuple[int, str], Step] = {(7, "secrets_at_rest"): seal_plaintext_step}
 
 
 class MigrationError(RuntimeError):
@@ -75,8 +85,14 @@ def ensure_database(database_url: str) -> bool:
     return True
 
 
-def migrate(database_url: str, directory: Path = MIGRATIONS_DIR) -> list[Migration]:
-    """Apply pending migrations; return the ones this call applied."""
+def migrate(
+    database_url: str, directory: Path = MIGRATIONS_DIR, *, keyring: Keyring | None = None
+) -> list[Migration]:
+    """Apply pending migrations; return the ones this call applied.
+
+    ``keyring`` seals webhook secrets a migration finds in plaintext (0007); by default the one
+    ``FATURA_SECRETS_KEY`` names, read only when there is such a secret.
+    """
     ensure_database(database_url)
     migrations = discover(directory)
     applied_now: list[Migration] = []
@@ -108,6 +124,9 @@ def migrate(database_url: str, directory: Path = MIGRATIONS_DIR) -> list[Migrati
                         )
                     continue
                 with conn.transaction():
+                    step = STEPS.get((migration.version, migration.name))
+                    if step is not None:
+                        step(conn, keyring)
                     conn.execute(migration.sql.encode("utf-8"))
                     conn.execute(
                         "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",

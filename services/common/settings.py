@@ -79,6 +79,8 @@ class CommonSettings:
     reconcile_grace_seconds: float = 60.0
     reconcile_horizon_seconds: float = 3600.0
     dead_letter_retention_days: float = 14.0
+    # Each service's sessions act as its own database role (services/common/db.py).
+    db_roles: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CommonSettings:
@@ -91,6 +93,9 @@ class CommonSettings:
             raise SettingsError(f"FATURA_LOG_LEVEL={level!r} is not one of DEBUG, INFO, WARNING, ERROR")
         pool_min = env_int(env, "FATURA_DB_POOL_MIN", cls.db_pool_min, lo=0, hi=200)
         redelivery_min = env_int(env, "FATURA_REDELIVERY_MIN_MS", cls.redelivery_min_ms, lo=10, hi=600_000)
+        db_roles = env_str(env, "FATURA_DB_ROLES", "1").lower()
+        if db_roles not in {"0", "1", "true", "false"}:
+            raise SettingsError(f"FATURA_DB_ROLES={db_roles!r} is not one of 1, 0, true, false")
         return cls(
             database_url=env_str(env, "FATURA_DATABASE_URL", cls.database_url),
             amqp_url=env_str(env, "FATURA_AMQP_URL", cls.amqp_url),
@@ -116,4 +121,5 @@ class CommonSettings:
             dead_letter_retention_days=env_float(
                 env, "FATURA_DEAD_LETTER_RETENTION_DAYS", cls.dead_letter_retention_days, lo=0.01, hi=3650
             ),
+            db_roles=db_roles in {"1", "true"},
         )

@@ -82,6 +82,9 @@ class Endpoints:
     def __init__(self, pool: AsyncPool, settings: DeliverySettings, guard: EgressGuard | None = None) -> None:
         self.pool = pool
         self.settings = settings
+        # Registration and rotation seal the new secret; without a key they cannot, so no process
+        # that serves them starts without one.
+        self.keyring = settings.require_keyring("webhook endpoint registration")
         self.guard = guard or EgressGuard(settings.egress_allow)
         t = settings.ping_timeout_seconds
         self.pinger = Sender(self.guard, SendLimits(t, t, t, 1024))
@@ -123,13 +126,21 @@ class Endpoints:
                     "max_concurrency": max_concurrency or self.settings.default_max_concurrency,
                 },
             )
-            await conn.execute(
-                Q["insert_secret"],
-                {"endpoint_id": endpoint_id, "key_id": signing.key_id(secret), "secret": secret},
-            )
+            await conn.execute(Q["insert_secret"], self._sealed_row(endpoint_id, secret))
         verification = await self._ping(endpoint_id, url, secret)
         view = (await self.list(tenant_id, endpoint_id))[0]
         return {**view, "secret": secret, "verification": verification}
+
+    def _sealed_row(self, endpoint_id: uuid.UUID, secret: str) -> dict[str, Any]:
+        key_id = signing.key_id(secret)
+        sealed = self.keyring.seal(endpoint_id, key_id, secret)
+        return {
+            "endpoint_id": endpoint_id,
+            "key_id": key_id,
+            "master_key_id": sealed.master_key_id,
+            "nonce": sealed.nonce,
+            "ciphertext": sealed.ciphertext,
+        }
 
     async def _ping(self, endpoint_id: uuid.UUID, url: str, secret: str) -> dict[str, Any]:
         ping_id = new_id()
@@ -184,12 +195,9 @@ class Endpoints:
         overlap = self.settings.secret_overlap_seconds if overlap_seconds is None else overlap_seconds
         secret = signing.new_secret()
         async with self.pool.connection() as conn, conn.transaction():
-            await self._locked(conn, tenant_id, endpoint_id)
+            endpoint = await self._locked(conn, tenant_id, endpoint_id)
             await conn.execute(Q["expire_secrets"], {"endpoint_id": endpoint_id, "overlap_seconds": overlap})
-            await conn.execute(
-                Q["insert_secret"],
-                {"endpoint_id": endpoint_id, "key_id": signing.key_id(secret), "secret": secret},
-            )
+            await conn.execute(Q["insert_secret"], self._sealed_row(endpoint["id"], secret))
         previous = [s["not_after"] for s in (await self.list(tenant_id, endpoint_id))[0]["secrets"]]
         return {
             "endpoint_id": str(endpoint_id),

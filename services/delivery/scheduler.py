@@ -100,7 +100,9 @@ def main() -> int:
     stop = threading.Event()
     stop_on_signals(stop, "delivery-scheduler")
     broker = make_broker(settings.common)
-    with sync_pool(settings.common, name="delivery-scheduler", max_size=2, role="scheduler") as pool:
+    with sync_pool(
+        settings.common, name="delivery-scheduler", max_size=2, role="scheduler", db_role="fatura_delivery"
+    ) as pool:
         ready = readiness.all_of(readiness.postgres(pool), readiness.rabbitmq(settings.common.amqp_url))
         port = settings.scheduler_metrics_port
         ops = start_ops_server(port, ready) if port else None

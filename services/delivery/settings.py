@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from services.common.keyring import GENERATE_HINT, Keyring
 from services.common.settings import CommonSettings, SettingsError, env_float, env_int, env_set
 from services.delivery.egress import IPNetwork, parse_allow
 from services.delivery.sender import SendLimits
@@ -29,6 +30,18 @@ class DeliverySettings:
     secret_overlap_seconds: int = 86_400
     ping_timeout_seconds: float = 5.0
     default_max_concurrency: int = 4
+    # Seals webhook secrets (registration, rotation) and opens them (signing); None when
+    # FATURA_SECRETS_KEY is unset, which only the processes that never touch a secret accept.
+    keyring: Keyring | None = None
+
+    def require_keyring(self, who: str) -> Keyring:
+        """The keyring, or a settings error naming the process that cannot run without it."""
+        if self.keyring is None:
+            raise SettingsError(
+                f"FATURA_SECRETS_KEY is not set: {who} seals or opens webhook secrets with it "
+                f"(the same key in the edge and the delivery worker); {GENERATE_HINT}"
+            )
+        return self.keyring
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> DeliverySettings:
@@ -74,6 +87,7 @@ class DeliverySettings:
             ),
             ping_timeout_seconds=env_float(env, "FATURA_WEBHOOK_PING_TIMEOUT_SECONDS", 5.0, lo=0.1, hi=60),
             default_max_concurrency=env_int(env, "FATURA_WEBHOOK_MAX_CONCURRENCY", 4, lo=1, hi=1000),
+            keyring=Keyring.from_env(env),
         )
 
 

@@ -5,6 +5,7 @@ Each function is one short transaction; none is open while a webhook is being se
 
 from __future__ import annotations
 
+import base64
 import logging
 import random
 import uuid
@@ -18,6 +19,7 @@ from psycopg.rows import DictRow
 from psycopg_pool import ConnectionPool
 
 from services.common import inbox
+from services.common.keyring import Keyring, KeyringError, Sealed
 from services.common.messages import BadMessage, EventMessage
 from services.common.queries import load_queries
 from services.delivery import metrics, outcomes, payload, signing
@@ -26,6 +28,10 @@ from services.delivery.settings import DeliverySettings
 
 log = logging.getLogger(__name__)
 Q = load_queries(Path(__file__).with_name("sql") / "delivery.sql")
+
+# A delivery whose secret does not open waits this long: the key may be added and the worker
+# restarted meanwhile, and no attempt is spent on it.
+UNREADABLE_SECRET_WAIT_SECONDS = 60.0
 
 
 def ingest(pool: ConnectionPool[Any], event: EventMessage) -> list[uuid.UUID]:
@@ -153,6 +159,20 @@ def claim(pool: ConnectionPool[Any], delivery_id: uuid.UUID, settings: DeliveryS
             conn.execute(Q["fail_unsendable"], {"delivery_id": delivery_id, "reason": decision.reason})
             metrics.OUTCOMES.labels("failed").inc()
             return None
+        try:
+            secrets = _open_secrets(settings.require_keyring("the delivery worker"), row)
+        except KeyringError as exc:
+            metrics.POSTPONED.labels("secret").inc()
+            log.error("ALARM delivery %s cannot be signed: %s", delivery_id, exc)
+            conn.execute(
+                Q["postpone"],
+                {
+                    "delivery_id": delivery_id,
+                    "delay_seconds": UNREADABLE_SECRET_WAIT_SECONDS,
+                    "reason": f"secret_unreadable: {exc}",
+                },
+            )
+            return None
         # Conditional: a resend or the scheduler may have changed the row since it was read.
         c = conn.execute(
             Q["claim"], {"delivery_id": delivery_id, "lease_seconds": settings.lease_seconds}
@@ -164,13 +184,27 @@ def claim(pool: ConnectionPool[Any], delivery_id: uuid.UUID, settings: DeliveryS
             endpoint_id=row["endpoint_id"],
             url=row["url"],
             body=bytes(row["body"]),
-            secrets=tuple(row["secrets"]),
+            secrets=secrets,
             fence=int(c["fence"]),
             attempt=int(c["attempts"]),
             round_attempt=int(c["attempts"]) - int(c["attempts_base"]),
             started_at=c["started_at"],
             endpoint_dirty=bool(row["endpoint_dirty"]),
         )
+
+
+def _open_secrets(keyring: Keyring, row: dict[str, Any]) -> tuple[str, ...]:
+    """The endpoint's secrets in force, opened; every one of them or an error (a receiver may
+    already check only the newest)."""
+    endpoint_id: uuid.UUID = row["endpoint_id"]
+    return tuple(
+        keyring.open(
+            endpoint_id,
+            s["key_id"],
+            Sealed(s["master_key_id"], base64.b64decode(s["nonce"]), base64.b64decode(s["ciphertext"])),
+        )
+        for s in row["secrets"]
+    )
 
 
 def record(

@@ -130,6 +130,8 @@ class DeliveryWorker:
 def main() -> int:
     settings = DeliverySettings.from_env()
     faults.check(settings.common.faults)
+    if settings.require_keyring("the delivery worker").is_development:
+        log.warning("webhook secrets are sealed under the public development key: set FATURA_SECRETS_KEY")
     stop = threading.Event()
     stop_on_signals(stop, "delivery-worker")
     broker = make_broker(settings.common)
@@ -138,7 +140,12 @@ def main() -> int:
     # Autocommit: a single-statement write is one round trip; multi-statement steps open their own
     # transaction.
     with sync_pool(
-        settings.common, name="delivery-worker", max_size=pool_size, role="worker", autocommit=True
+        settings.common,
+        name="delivery-worker",
+        max_size=pool_size,
+        role="worker",
+        autocommit=True,
+        db_role="fatura_delivery",
     ) as pool:
         broker.redelivery.dead_letter = partial(deadletters.record, pool)
         worker = DeliveryWorker(settings, pool, broker, sender)

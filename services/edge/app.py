@@ -47,7 +47,9 @@ class Edge:
         self.settings = settings
         # Autocommit: a single read or a single-statement write is one round trip; a multi-statement
         # unit of work still opens its own transaction.
-        self.pool = async_pool(settings.common, name="http", autocommit=True, role="edge")
+        self.pool = async_pool(
+            settings.common, name="http", autocommit=True, role="edge", db_role="fatura_edge"
+        )
         throttle = FailureThrottle(settings.auth_failure_limit, 60.0, settings.auth_block_seconds)
         auth = Authenticator(self.pool, settings.auth_cache_seconds, throttle)
         self.context = ApiContext(self.pool, auth, JsonBody(settings.max_body_bytes))

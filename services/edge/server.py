@@ -18,12 +18,15 @@ from uvicorn.supervisors import Multiprocess
 
 from services.acceptance.settings import AcceptanceSettings
 from services.common.ops_server import start_ops_server
+from services.delivery.settings import DeliverySettings
 
 log = logging.getLogger(__name__)
 
 
 def main() -> int:
     settings = AcceptanceSettings.from_env()
+    # Checked before any worker starts: a worker that cannot start would be started again forever.
+    DeliverySettings.from_env().require_keyring("the HTTP edge (webhook endpoint registration)")
     multiproc_dir: str | None = None
     registry: CollectorRegistry | None = None
     if settings.http_workers > 1:

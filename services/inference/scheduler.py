@@ -194,7 +194,9 @@ def main() -> int:
     stop = threading.Event()
     stop_on_signals(stop, "inference scheduler")
     broker = make_broker(settings.common)
-    with sync_pool(settings.common, name="inference-scheduler", max_size=2, role="scheduler") as pool:
+    with sync_pool(
+        settings.common, name="inference-scheduler", max_size=2, role="scheduler", db_role="fatura_inference"
+    ) as pool:
         scheduler = Scheduler(settings, pool, broker)
         ready = readiness.all_of(readiness.postgres(pool), readiness.rabbitmq(settings.common.amqp_url))
         port = settings.scheduler_metrics_port

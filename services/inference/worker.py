@@ -83,7 +83,9 @@ def main() -> int:
     provider = make_provider()
     limiter = LimiterClient.from_settings()
     pool_size = settings.concurrency + 4
-    with sync_pool(settings.common, name="inference", max_size=pool_size, role="worker") as pool:
+    with sync_pool(
+        settings.common, name="inference", max_size=pool_size, role="worker", db_role="fatura_inference"
+    ) as pool:
         broker.redelivery.dead_letter = partial(deadletters.record, pool)
         executor = Executor(settings, pool, limiter, provider)
         declare_actors(broker, settings, pool, executor)

@@ -27,6 +27,7 @@ from fix_db import MakeTenant, SyncPool, TenantHandle
 from fix_processes import ServiceProcess, SpawnFn, free_port, start_edge
 from services.common import events
 from services.common.broker import QuorumRabbitmqBroker, make_broker
+from services.common.keyring import DEVELOPMENT_KEY, Keyring
 from services.common.settings import CommonSettings
 from services.common.uow import JobChange, unit_of_work
 from services.delivery import signing
@@ -47,6 +48,22 @@ DELIVERY_ENV = {
     "FATURA_DELIVERY_WORKER_THREADS": "4",
     "FATURA_WEBHOOK_PING_TIMEOUT_SECONDS": "2",
 }
+
+
+# The key the tests' processes seal and open webhook secrets with (tests/conftest.py).
+KEYRING = Keyring.from_env({"FATURA_SECRETS_KEY": DEVELOPMENT_KEY})
+assert KEYRING is not None
+
+
+def insert_secret(conn: Any, endpoint_id: uuid.UUID, secret: str) -> None:
+    """Store ``secret`` for an endpoint the way registration does: sealed."""
+    key_id = signing.key_id(secret)
+    sealed = KEYRING.seal(endpoint_id, key_id, secret)
+    conn.execute(
+        """INSERT INTO webhook_secrets (endpoint_id, key_id, master_key_id, nonce, ciphertext)
+           VALUES (%s, %s, %s, %s, %s)""",
+        (endpoint_id, key_id, sealed.master_key_id, sealed.nonce, sealed.ciphertext),
+    )
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:

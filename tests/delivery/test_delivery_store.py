@@ -14,6 +14,7 @@ import pytest
 from psycopg import sql
 
 from fix_db import MakeTenant, SyncPool
+from fix_delivery import KEYRING, insert_secret
 from services.common.db import sync_pool
 from services.common.queries import load_queries
 from services.common.settings import CommonSettings
@@ -22,7 +23,9 @@ from services.delivery.outcomes import AttemptResult
 from services.delivery.settings import DeliverySettings
 
 Q = load_queries(Path(store.__file__).with_name("sql") / "delivery.sql")
-SETTINGS = DeliverySettings(lease_seconds=30.0, breaker_threshold=2, breaker_cooldown_seconds=60.0)
+SETTINGS = DeliverySettings(
+    lease_seconds=30.0, breaker_threshold=2, breaker_cooldown_seconds=60.0, keyring=KEYRING
+)
 
 
 def _endpoint(pool: SyncPool, tenant_id: uuid.UUID, max_concurrency: int = 4) -> uuid.UUID:
@@ -34,10 +37,7 @@ def _endpoint(pool: SyncPool, tenant_id: uuid.UUID, max_concurrency: int = 4) ->
                VALUES (%s, %s, 'http://127.0.0.1:9/hook', '{extraction.completed.v1}', %s)""",
             (endpoint_id, tenant_id, max_concurrency),
         )
-        conn.execute(
-            "INSERT INTO webhook_secrets (endpoint_id, key_id, secret) VALUES (%s, %s, %s)",
-            (endpoint_id, signing.key_id(secret), secret),
-        )
+        insert_secret(conn, endpoint_id, secret)
     return endpoint_id
 
 

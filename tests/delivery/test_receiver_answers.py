@@ -19,12 +19,13 @@ from typing import Any
 import pytest
 
 from fix_db import MakeTenant, SyncPool
+from fix_delivery import KEYRING, insert_secret
 from services.delivery import outcomes, signing, store
 from services.delivery.egress import EgressGuard, Resolver, parse_allow, system_resolver
 from services.delivery.sender import Sender, SendLimits
 from services.delivery.settings import DeliverySettings
 
-SETTINGS = DeliverySettings(lease_seconds=30.0)
+SETTINGS = DeliverySettings(lease_seconds=30.0, keyring=KEYRING)
 # The deadline is short so that a trickling receiver is cut off soon; a read timeout longer than
 # the trickle's one byte per second shows that the deadline, not the read timeout, ends it.
 LIMITS = SendLimits(connect_timeout=2.0, read_timeout=5.0, total_timeout=2.5, max_response_bytes=4096)
@@ -181,10 +182,7 @@ def deliver(pool: SyncPool, make_tenant: MakeTenant) -> Callable[[Sender, str], 
                    VALUES (%s, %s, %s, '{extraction.completed.v1}')""",
                 (endpoint_id, tenant_id, url),
             )
-            conn.execute(
-                "INSERT INTO webhook_secrets (endpoint_id, key_id, secret) VALUES (%s, %s, %s)",
-                (endpoint_id, signing.key_id(secret), secret),
-            )
+            insert_secret(conn, endpoint_id, secret)
             conn.execute(
                 """INSERT INTO deliveries (delivery_id, event_id, event_type, endpoint_id, tenant_id, body)
                    VALUES (%s, %s, 'extraction.completed.v1', %s, %s, '{"ok":1}'::bytea)""",

@@ -40,9 +40,14 @@ SELECT d.state, d.body, d.next_attempt_at <= now() AS due,
         OR e.breaker_open_until IS NOT NULL) AS endpoint_dirty,
        (SELECT count(*) FROM deliveries f
         WHERE f.endpoint_id = e.id AND f.state = 'delivering' AND f.lease_until > now()) AS in_flight,
-       ARRAY(SELECT s.secret FROM webhook_secrets s
-             WHERE s.endpoint_id = e.id AND (s.not_after IS NULL OR s.not_after > now())
-             ORDER BY s.created_at DESC) AS secrets
+       -- Sealed (services/common/keyring.py); the worker opens them to sign.
+       coalesce((SELECT jsonb_agg(jsonb_build_object(
+                     'key_id', s.key_id, 'master_key_id', s.master_key_id,
+                     'nonce', encode(s.nonce, 'base64'), 'ciphertext', encode(s.ciphertext, 'base64'))
+                     ORDER BY s.created_at DESC)
+                 FROM webhook_secrets s
+                 WHERE s.endpoint_id = e.id AND (s.not_after IS NULL OR s.not_after > now())),
+                '[]'::jsonb) AS secrets
 FROM deliveries d
 JOIN webhook_endpoints e ON e.id = d.endpoint_id
 WHERE d.delivery_id = %(delivery_id)s

@@ -5,8 +5,9 @@ INSERT INTO webhook_endpoints (id, tenant_id, url, event_types, max_concurrency)
 VALUES (%(endpoint_id)s, %(tenant_id)s, %(url)s, %(event_types)s, %(max_concurrency)s)
 
 -- name: insert_secret
-INSERT INTO webhook_secrets (endpoint_id, key_id, secret)
-VALUES (%(endpoint_id)s, %(key_id)s, %(secret)s)
+-- Sealed under the current master key (services/common/keyring.py); never stored in plaintext.
+INSERT INTO webhook_secrets (endpoint_id, key_id, master_key_id, nonce, ciphertext)
+VALUES (%(endpoint_id)s, %(key_id)s, %(master_key_id)s, %(nonce)s, %(ciphertext)s)
 
 -- name: count_endpoints
 SELECT count(*) AS n FROM webhook_endpoints WHERE tenant_id = %(tenant_id)s
