@@ -271,8 +271,7 @@ def run(args: argparse.Namespace) -> int:
             results = run_rates(gens, rates, args, {p.pid for p in stack.procs}, stack.database_url)
         finally:
             gens.close()
-        for proc in reversed(stack.procs):  # the ceiling runs on a quiet database
-            stack.stop(proc)
+        stack.stop_all()  # the ceiling runs on a quiet database
         ceiling = None
         if args.ceiling_seconds > 0:
             with CONSOLE.status(f"ceiling: raw psycopg for {args.ceiling_seconds:g} s"):

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +40,7 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log_path: Path
-    ready_url: str = ""
+    ready_url: str
 
     @property
     def pid(self) -> int:
@@ -48,6 +48,17 @@ class Proc:
 
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+    def wait_ready(self, timeout: float = 60.0) -> Proc:
+        """Until its ``ready_url`` answers 200; one that exits first or is not ready within ``timeout``
+        is stopped, and the run ends with the name of its log."""
+        deadline = time.monotonic() + timeout
+        while not answers(self.ready_url):
+            if not self.alive() or time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit(f"{self.name} did not become ready; see {self.log_path}")
+            time.sleep(0.1)
+        return self
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM to the process (the edge's uvicorn supervisor stops its own workers), SIGKILL to its
@@ -71,18 +82,9 @@ class Proc:
         self.stop()
 
 
-def spawn(
-    name: str,
-    command: Sequence[str],
-    log_path: Path,
-    env: Mapping[str, str],
-    ready: str | Callable[[], bool],
-    *,
-    timeout: float = 60.0,
-) -> Proc:
-    """Start ``fatura COMMAND`` with ``env`` over this process's, its output in ``log_path``, and wait
-    until ``ready`` (a URL that answers 200, or a check) holds. A process that exits first or is not
-    ready within ``timeout`` is stopped, and the run ends with the name of its log."""
+def start(name: str, command: Sequence[str], log_path: Path, env: Mapping[str, str], ready_url: str) -> Proc:
+    """Start ``fatura COMMAND`` with ``env`` over this process's, its output in ``log_path``; it is
+    ready when ``ready_url`` answers 200."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         popen = subprocess.Popen(
@@ -93,11 +95,9 @@ def spawn(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: whatever it forks stops with it
         )
-    proc = Proc(name, popen, log_path, ready if isinstance(ready, str) else "")
-    deadline = time.monotonic() + timeout
-    while not (answers(ready) if isinstance(ready, str) else ready()):
-        if not proc.alive() or time.monotonic() > deadline:
-            proc.stop()
-            raise SystemExit(f"`fatura {' '.join(command)}` did not become ready; see {log_path}")
-        time.sleep(0.1)
-    return proc
+    return Proc(name, popen, log_path, ready_url)
+
+
+def spawn(name: str, command: Sequence[str], log_path: Path, env: Mapping[str, str], ready_url: str) -> Proc:
+    """``start``, then wait until it is ready."""
+    return start(name, command, log_path, env, ready_url).wait_ready()

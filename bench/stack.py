@@ -27,7 +27,7 @@ from psycopg.rows import dict_row
 
 from bench import cpu
 from bench.ceiling import accept_one
-from bench.procs import Proc, free_port, spawn
+from bench.procs import Proc, free_port, start
 from bench.report import OUT_DIR
 from bench.resources import add_database_argument, bench_database, delete_keys, delete_queues
 from services.acceptance.tenants import TenantSpec, create_tenant, import_suppliers, parse_suppliers
@@ -115,31 +115,40 @@ class Stack:
 
     # ------------------------------------------------------------ processes
 
-    def spawn(self, name: str, ready_url: str, **env: str) -> Proc:
-        """Start ``fatura run NAME`` with ``env`` over the stack's own, and wait until it is ready."""
+    def start(self, name: str, ready_url: str, **env: str) -> Proc:
+        """Start ``fatura run NAME`` with ``env`` over the stack's own (``wait_ready`` before use)."""
         self._started += 1  # not len(self.procs): stopped processes leave it, their logs stay
         log_path = self.log_dir / f"{name}-{self._started}.log"
-        proc = spawn(name, ("run", name), log_path, {**self.env, **env}, ready_url)
+        proc = start(name, ("run", name), log_path, {**self.env, **env}, ready_url)
         self.procs.append(proc)
         return proc
+
+    def spawn(self, name: str, ready_url: str, **env: str) -> Proc:
+        """``start``, and wait until it is ready."""
+        return self.start(name, ready_url, **env).wait_ready()
 
     def stop(self, proc: Proc) -> None:
         proc.stop()
         if proc in self.procs:
             self.procs.remove(proc)
 
+    def start_metered(self, name: str, metrics_variable: str, **env: str) -> Proc:
+        """``start`` with a free port in ``metrics_variable``: the process's metrics and its /readyz."""
+        metrics = free_port()
+        return self.start(
+            name, f"http://127.0.0.1:{metrics}/readyz", **env, **{metrics_variable: str(metrics)}
+        )
+
     def start_limiter(self, config: str) -> Proc:
         path = self.log_dir / "limiter.toml"
         path.write_text(config, encoding="utf-8")
-        metrics = free_port()
-        return self.spawn(
+        return self.start_metered(
             "limiter",
-            f"http://127.0.0.1:{metrics}/readyz",
+            "FATURA_LIMITER_METRICS_PORT",
             FATURA_LIMITER_PORT=str(self.limiter_port),
-            FATURA_LIMITER_METRICS_PORT=str(metrics),
             FATURA_LIMITER_CONFIG=str(path.resolve()),
             FATURA_LIMITER_KEY_PREFIX=self.key_prefix,
-        )
+        ).wait_ready()
 
     def start_provider(
         self,
@@ -163,29 +172,16 @@ class Stack:
         )
 
     def start_relay(self) -> Proc:
-        metrics = free_port()
-        return self.spawn(
-            "relay", f"http://127.0.0.1:{metrics}/readyz", FATURA_RELAY_METRICS_PORT=str(metrics)
-        )
+        return self.start_metered("relay", "FATURA_RELAY_METRICS_PORT").wait_ready()
 
     def start_scheduler(self, **env: str) -> Proc:
-        metrics = free_port()
-        return self.spawn(
-            "inference-scheduler",
-            f"http://127.0.0.1:{metrics}/readyz",
-            FATURA_SCHEDULER_METRICS_PORT=str(metrics),
-            **env,
-        )
+        return self.start_metered("inference-scheduler", "FATURA_SCHEDULER_METRICS_PORT", **env).wait_ready()
 
     def start_worker(self, **env: str) -> Proc:
-        metrics = free_port()
-        return self.spawn(
-            "inference-worker",
-            f"http://127.0.0.1:{metrics}/readyz",
-            FATURA_INFERENCE_METRICS_PORT=str(metrics),
-            FATURA_WORKER_ID=f"bench-{metrics}",
-            **env,
-        )
+        worker_id = f"bench-{uuid.uuid4().hex[:8]}"
+        return self.start_metered(
+            "inference-worker", "FATURA_INFERENCE_METRICS_PORT", FATURA_WORKER_ID=worker_id, **env
+        ).wait_ready()
 
     def start_edge(self, workers: int = 1) -> Proc:
         port, metrics = free_port(), free_port()
@@ -200,10 +196,14 @@ class Stack:
             FATURA_MAX_SYSTEM_BACKLOG=str(10**9),
         )
 
-    def close(self) -> None:
+    def stop_all(self) -> None:
+        """Stop every process, the last started first."""
         for proc in reversed(self.procs):
             proc.stop()
         self.procs.clear()
+
+    def close(self) -> None:
+        self.stop_all()
         self.pool.close()
         delete_queues(self.common.amqp_url, [*events.all_queues(self.prefix), noop_queue(self.prefix)])
         delete_keys(self.common.redis_url, self.key_prefix)
