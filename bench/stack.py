@@ -1,5 +1,6 @@
 """The stack as real processes for the benchmarks: the edge (and the relay) for ``fatura bench accept``,
-the inference pipeline for ``pipeline``, ``quota`` and ``fairness``.
+the ERP and the delivery processes for ``delivery``, the inference pipeline for ``pipeline``,
+``quota`` and ``fairness``.
 
 Everything is private to one run: a database of its own whose name contains ``bench`` (dropped and
 recreated), a queue prefix, limiter port and Redis key prefix, provider port and metrics ports, so
