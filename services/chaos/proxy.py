@@ -42,10 +42,20 @@ class ProxyThread:
 
     def close(self) -> None:
         if self.loop.is_running():
+            # Connections still being forwarded end here, not as "Task was destroyed" at exit.
+            with contextlib.suppress(Exception):
+                self.call(_cancel_tasks(), timeout=5.0)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=5.0)
         if not self.loop.is_running():
             self.loop.close()
+
+
+async def _cancel_tasks() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @dataclass
