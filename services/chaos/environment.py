@@ -26,6 +26,7 @@ import pika
 import psycopg
 import redis
 from pika.exceptions import AMQPError
+from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -324,6 +325,18 @@ class ChaosStack:
         else:
             body = {"mode": mode, **params}
             httpx.post(f"{self.provider_url}/admin/faults", json=body, timeout=5.0).raise_for_status()
+
+    def limiter_grants(self) -> int:
+        """Permits the limiter has granted so far (its ``fatura_limiter_grants_total``, every pool)."""
+        text = httpx.get(f"http://127.0.0.1:{self.ports['limiter_metrics']}/metrics", timeout=5.0).text
+        return int(
+            sum(
+                sample.value
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples
+                if sample.name == "fatura_limiter_grants_total"
+            )
+        )
 
     def erp_fault(self, mode: str | None) -> None:
         if mode is None:

@@ -99,20 +99,21 @@ def _cut(target: str, seconds: float, fail_closed: bool = False) -> Step:
         start = time.time()
         proxy.cut(seconds)
         ctx.status = f"{target} cut for {seconds:g} s"
-        calls_then: int | None = None
         if fail_closed and seconds > 2:
-            # Permits granted just before the cut may still reach the provider in its first second;
-            # after that, a limiter without Redis must grant nothing.
-            time.sleep(1.0)
-            calls_then = int(ctx.stack.provider_stats()["requests_total"])
+            # A grant's script may have run just before the reset; half a second later, a limiter
+            # without Redis must grant nothing (no emergency quota is configured).
+            time.sleep(0.5)
+            grants_then, calls_then = ctx.stack.limiter_grants(), ctx.stack.provider_stats()["requests_total"]
             time.sleep(max(0.0, start + seconds - 0.2 - time.time()))
-            calls = int(ctx.stack.provider_stats()["requests_total"]) - calls_then
+            grants = ctx.stack.limiter_grants() - grants_then
+            calls = int(ctx.stack.provider_stats()["requests_total"]) - int(calls_then)
             ctx.checks.append(
                 Check(
                     "limiter failed closed while Redis was cut",
-                    calls == 0,
-                    calls,
-                    f"{calls} model call(s) from the cut's second second to its end",
+                    grants == 0,
+                    grants,
+                    f"{grants} permit(s) granted from 0.5 s into the cut to its end; "
+                    f"{calls} model call(s) meanwhile (permits granted before the cut)",
                 )
             )
         wait_until(lambda: not proxy.cutting, seconds + 5)
