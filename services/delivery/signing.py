@@ -1,16 +1,20 @@
 """Standard Webhooks v1 signing (DESIGN §5.9): secrets, stable delivery ids and signature headers.
 
-Pure functions: the caller serializes the body once and signs and sends exactly those bytes.
+The signature itself is the partner SDK's (``fatura_sdk.webhooks``): one implementation of the
+scheme signs here and verifies at the receivers. This module adds the sender's policy (what a
+secret may be) and the stable delivery id. Pure functions: the caller serializes the body once
+and signs and sends exactly those bytes.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 import secrets
 import uuid
 from collections.abc import Iterable
+
+from fatura_sdk import webhooks
 
 SECRET_PREFIX = "whsec_"
 SECRET_BYTES = 32
@@ -50,25 +54,13 @@ def delivery_id(event_id: uuid.UUID, endpoint_id: uuid.UUID) -> uuid.UUID:
     return uuid.uuid5(_DELIVERY_NAMESPACE, f"{event_id}/{endpoint_id}")
 
 
-def signature(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
-    """One ``v1,<base64>`` entry: HMAC-SHA256 over ``{id}.{timestamp}.`` followed by the raw body."""
-    mac = hmac.new(key, f"{msg_id}.{timestamp}.".encode("ascii") + body, hashlib.sha256)
-    return "v1," + base64.b64encode(mac.digest()).decode("ascii")
-
-
-def signature_header(secrets_in_force: Iterable[str], msg_id: str, timestamp: int, body: bytes) -> str:
-    """Space-separated signatures, one per secret in force (several while a secret rotates)."""
-    entries = [signature(secret_key(s), msg_id, timestamp, body) for s in secrets_in_force]
-    if not entries:
-        raise BadSecret("an endpoint needs at least one secret in force to sign a delivery")
-    return " ".join(entries)
-
-
 def headers(secrets_in_force: Iterable[str], msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
-    """The request headers of one attempt."""
-    return {
-        "content-type": "application/json",
-        "webhook-id": msg_id,
-        "webhook-timestamp": str(timestamp),
-        "webhook-signature": signature_header(secrets_in_force, msg_id, timestamp, body),
-    }
+    """The request headers of one attempt: one signature per secret in force (several while a secret
+    rotates), made by the partner SDK's own signer, so sender and receivers share one
+    implementation of the scheme."""
+    in_force = list(secrets_in_force)
+    if not in_force:
+        raise BadSecret("an endpoint needs at least one secret in force to sign a delivery")
+    for secret in in_force:
+        secret_key(secret)  # our stricter policy: whsec_, base64, 24-64 bytes
+    return webhooks.sign_headers(in_force, msg_id, body, timestamp=timestamp)
