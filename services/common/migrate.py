@@ -1,4 +1,4 @@
-"""Apply ``migrations/NNNN_name.sql`` in order, once each, under an advisory lock.
+"""Apply ``services/migrations/NNNN_name.sql`` in order, once each, under an advisory lock.
 
 Each file runs in its own transaction and is recorded with its checksum; a file edited after it
 was applied is refused. Two processes migrating at once serialize on the lock, and the second
@@ -25,7 +25,8 @@ from services.common.secret_rows import seal_plaintext_step
 
 log = logging.getLogger(__name__)
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+# Inside the package, so an installed wheel can migrate.
+MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 # Any constant works; it only has to be the same for every migrating process.
 _LOCK_KEY = 0x46415455  # "FATU"
