@@ -4,15 +4,25 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint proto up migrate bench clean
+.PHONY: install lock demo test lint proto up migrate bench clean
 
-$(STAMP): pyproject.toml
+# Every package at the version requirements.lock names (pyproject.toml and its dev extra, resolved
+# by `make lock`), then the project itself without resolving anything again.
+$(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -r requirements.lock
+	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Re-resolves after pyproject.toml changed, keeping every pin that still fits (add --upgrade to
+# PIP_COMPILE_FLAGS to move them). The lock names no index or find-links: each machine's pip
+# configuration says where packages come from.
+PIP_COMPILE_FLAGS ?=
+lock: $(STAMP)
+	CUSTOM_COMPILE_COMMAND="make lock" $(BIN)/pip-compile --quiet --extra dev --strip-extras \
+	  --allow-unsafe --no-emit-options $(PIP_COMPILE_FLAGS) --output-file requirements.lock pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/fatura demo

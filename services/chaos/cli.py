@@ -8,6 +8,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from services.cli.extras import require
+
 SMOKE_JOBS = 20
 DEFAULT_JOBS = 120
 
@@ -51,6 +53,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # The live view, the timeline charts and the reference ERP each scenario's stack starts.
+    require("fatura chaos run", "bench")
     from rich.console import Console
 
     from services.chaos.runner import Runner

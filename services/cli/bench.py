@@ -12,6 +12,7 @@ import argparse
 import importlib
 from typing import Any
 
+from services.cli.extras import require
 from services.cli.stack import apply_local_defaults
 
 BENCHMARKS = {
@@ -37,6 +38,7 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    require(f"fatura bench {args.benchmark}", "bench")
     # A benchmark starts processes of a local stack, with the local stack's settings.
     apply_local_defaults()
     module_name, text = BENCHMARKS[args.benchmark]

@@ -12,22 +12,24 @@ import argparse
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
 
 from fatura_sdk import generate_secret
 from services.acceptance.settings import AcceptanceSettings
 from services.acceptance.tenants import TenantSpec, create_tenant, import_suppliers, parse_suppliers
+from services.cli.extras import require
 from services.cli.stack import Stack, apply_local_defaults, check_dependencies, ready_url
 from services.common.db import sync_pool
 from services.common.migrate import migrate
 from services.delivery.endpoints import register_endpoint
 from services.sandbox.erp.settings import ErpSettings
 from services.sandbox.samples import SUPPLIERS_CSV, Sample, load_samples
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 OUT_DIR = Path("out")
 
@@ -43,6 +45,10 @@ def register(sub: Any) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    # The live table, and the reference ERP the stack starts.
+    require("fatura demo", "cli", "sandbox")
+    from rich.console import Console
+
     console = Console() if Console().is_terminal else Console(width=140)
     apply_local_defaults()
     settings = AcceptanceSettings.from_env()
@@ -93,6 +99,8 @@ def _answers(url: str | None) -> bool:
 
 
 def _run_pipeline(console: Console, settings: AcceptanceSettings, base_url: str, timeout: float) -> int:
+    from rich.live import Live
+
     samples = load_samples()
     run_id = uuid.uuid4().hex[:8]
     erp = ErpSettings.from_env()
@@ -205,6 +213,8 @@ def _submit(client: httpx.Client, sample: Sample, run_id: str) -> httpx.Response
 def _table(
     samples: list[Sample], jobs: dict[str, str], statuses: dict[str, dict[str, Any]], ledger: dict[str, Any]
 ) -> Table:
+    from rich.table import Table
+
     table = Table(title="Sample invoices (✓ = ended in the state the sample is built for)", expand=False)
     table.add_column("invoice", no_wrap=True)
     table.add_column("state", no_wrap=True)

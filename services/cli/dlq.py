@@ -14,18 +14,19 @@ import sys
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dramatiq.errors import ConnectionError as BrokerConnectionError
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from services.cli.extras import require
 from services.common import deadletters, events
 from services.common.broker import make_broker
 from services.common.db import SyncPool, sync_pool
 from services.common.deadletters import DeadLetter
 from services.common.settings import CommonSettings
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DEFAULT_TIMEOUT = 60.0
 _POLL_SECONDS = 0.5
@@ -123,6 +124,8 @@ def _run(action: str, args: argparse.Namespace, body: Any) -> int:
 
 
 def _console() -> Console:
+    from rich.console import Console
+
     return Console(width=None if sys.stdout.isatty() else 180)
 
 
@@ -144,6 +147,8 @@ def _redrive_state(letter: DeadLetter) -> str:
 
 
 def _list(args: argparse.Namespace) -> int:
+    if not args.json:
+        require("fatura dlq list", "cli", hint="or add --json")
     return _run("list", args, _list_with)
 
 
@@ -159,6 +164,8 @@ def _list_with(settings: CommonSettings, pool: SyncPool, args: argparse.Namespac
         }
         print(json.dumps(document))
         return 0
+    from rich.table import Table
+
     console = _console()
     kind = "dead letters" if args.all else "open dead letters"
     title = f"{len(letters)} {kind} (queues under {settings.queue_prefix}., times in UTC, newest first)"
@@ -220,6 +227,8 @@ def _undrained(settings: CommonSettings) -> tuple[dict[str, int | None] | None, 
 
 
 def _show(args: argparse.Namespace) -> int:
+    if not args.json:
+        require("fatura dlq show", "cli", hint="or add --json")
     return _run("show", args, _show_with)
 
 
@@ -230,6 +239,8 @@ def _show_with(settings: CommonSettings, pool: SyncPool, args: argparse.Namespac
     if args.json:
         print(json.dumps(letter.as_json()))
         return 0
+    from rich.table import Table
+
     console = _console()
     table = Table(show_header=False, title=f"dead letter {letter.id}", title_justify="left")
     table.add_column(style="bold")
@@ -251,6 +262,8 @@ def _show_with(settings: CommonSettings, pool: SyncPool, args: argparse.Namespac
 
 
 def _redrive(args: argparse.Namespace) -> int:
+    if not args.no_wait:
+        require("fatura dlq redrive", "cli", hint="or add --no-wait")
     return _run("redrive", args, _redrive_with)
 
 
@@ -292,6 +305,8 @@ def _ids(ids: list[int]) -> str:
 
 
 def _wait(pool: SyncPool, ids: list[int], timeout: float) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     deadline = time.monotonic() + timeout
     pending = len(ids)
     columns = (TextColumn("published"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

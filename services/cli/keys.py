@@ -11,10 +11,8 @@ import sys
 import uuid
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from services.acceptance.keys import KeyInfo, KeyRequestError, create_key, list_keys, revoke_key, rotate_key
+from services.cli.extras import require
 from services.common.api.apikeys import OPERATOR, REVIEWER, TENANT
 from services.common.db import sync_pool
 from services.common.settings import CommonSettings
@@ -96,6 +94,8 @@ def _list(args: argparse.Namespace) -> int:
         tenant_id = _tenant_id(args.tenant)
     except KeyRequestError as exc:
         return _fail("list", str(exc))
+    if not args.json:
+        require("fatura keys list", "cli", hint="or add --json")
     with sync_pool(CommonSettings.from_env(), name="cli", max_size=1) as pool:
         keys = list_keys(pool, tenant_id=tenant_id, operator=args.operator)
     if args.json:
@@ -107,6 +107,9 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _table(keys: list[KeyInfo]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=f"{len(keys)} API key(s)", title_justify="left")
     for column in ("prefix", "scope", "label", "tenant", "created", "revoked"):
         table.add_column(column, overflow="fold")

@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from services.cli.extras import MissingExtra
 from services.common.settings import CommonSettings, SettingsError
 
 # Each module exposes register(subparsers) and sets `func` on the parsers it adds.
@@ -58,6 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = args.func(args)
     except SettingsError as exc:
         print(f"fatura: bad setting: {exc}", file=sys.stderr)
+        return 2
+    except MissingExtra as exc:
+        print(f"fatura: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

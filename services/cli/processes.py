@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from services.cli.extras import require
+
 
 @dataclass(frozen=True)
 class ProcessSpec:
@@ -15,8 +17,15 @@ class ProcessSpec:
     description: str
     # "package.module:function" returning the process's /readyz URL from its own settings.
     ready: str | None = None
+    # The extra of pyproject's optional dependencies this process needs (services/cli/extras.py).
+    extra: str | None = None
+
+    def require(self, command: str) -> None:
+        if self.extra is not None:
+            require(command, self.extra)
 
     def load(self) -> Callable[[], int | None]:
+        self.require(f"fatura run {self.name}")
         function: Callable[[], int | None] = _resolve(self.target)
         return function
 
@@ -40,6 +49,7 @@ PROCESSES: tuple[ProcessSpec, ...] = (
         "services.sandbox.erp.server:main",
         "sandbox: reference ERP webhook receiver (:8091)",
         "services.sandbox.erp.settings:ready_url",
+        extra="sandbox",
     ),
     ProcessSpec(
         "provider",

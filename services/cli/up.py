@@ -29,6 +29,16 @@ def register(sub: Any) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
+    names = None
+    if args.only:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = set(names) - {p.name for p in PROCESSES}
+        if unknown:
+            print(f"fatura up: unknown process names {sorted(unknown)}", file=sys.stderr)
+            return 2
+    for spec in PROCESSES:
+        if names is None or spec.name in names:
+            spec.require(f"fatura up (for {spec.name}; --only can leave it out)")
     apply_local_defaults()
     settings = CommonSettings.from_env()
     policy = RestartPolicy.from_env()
@@ -39,13 +49,6 @@ def _up(args: argparse.Namespace) -> int:
         return 1
     for m in migrate(settings.database_url):
         print(f"fatura up: applied migration {m.version:04d}_{m.name}")
-    names = None
-    if args.only:
-        names = [n.strip() for n in args.only.split(",") if n.strip()]
-        unknown = set(names) - {p.name for p in PROCESSES}
-        if unknown:
-            print(f"fatura up: unknown process names {sorted(unknown)}", file=sys.stderr)
-            return 2
     stack = Stack(names, policy=policy)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
