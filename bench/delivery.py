@@ -37,10 +37,11 @@ from services.delivery.settings import DeliverySettings
 from services.delivery.worker import deliver_message
 
 GOAL_RATIO = 0.5
-DELIVERED = "SELECT count(*) FROM deliveries WHERE state = 'delivered'"
+DELIVERED = "SELECT count(*) FROM deliveries WHERE state = 'delivered' AND job_id IS NOT NULL"
 SPAN = """SELECT count(*) AS n, extract(epoch FROM max(delivered_at) - min(delivered_at)) AS span,
-                 (SELECT count(*) FROM delivery_attempts) AS attempts
-          FROM deliveries WHERE state = 'delivered'"""
+                 (SELECT count(*) FROM delivery_attempts a JOIN deliveries d USING (delivery_id)
+                  WHERE d.job_id IS NOT NULL) AS attempts
+          FROM deliveries WHERE state = 'delivered' AND job_id IS NOT NULL"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

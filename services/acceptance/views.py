@@ -16,6 +16,8 @@ JSON = dict[str, Any]
 
 _POLL_FLOOR = {"interactive": 2, "batch": 10}
 _POLL_CEILING = {"interactive": 30, "batch": 300}
+# A job awaiting a human: people take minutes, not seconds.
+_REVIEW_POLL = 60
 
 
 def status_url(job_id: object) -> str:
@@ -68,12 +70,18 @@ def _state_message(job: JSON, url: str, wait: int | None) -> str:
             f"Check again after {wait} seconds."
         )
     if state == states.SUCCEEDED:
+        if job.get("decided_by") == "reviewer":
+            return "Complete: a reviewer approved the extraction. The result is in `result`."
         return "Complete: the extraction passed validation. The result is in `result`."
     if state == states.REVIEW_REQUIRED:
         return (
-            "Finished, but the extraction did NOT pass validation and needs human review before use; "
-            "see `review.reasons`. Do not treat it as a validated result."
+            "Waiting for a human reviewer; NOT complete. The extraction did NOT pass validation "
+            "(see `review.reasons`) and has not been sent to the ERP. Do not treat it as a result. "
+            f"Check again after {wait} seconds; a reviewer's approval makes it SUCCEEDED, a "
+            "rejection makes it REJECTED."
         )
+    if state == states.REJECTED:
+        return "Rejected by a reviewer; no result will be delivered. The reviewer's reason is in `error`."
     if state == states.FAILED_TERMINAL:
         return f"Failed permanently ({job.get('error_class') or 'unknown'}); no result will be produced."
     return "Cancelled; no result will be produced."
@@ -86,7 +94,10 @@ def status_body(job: JSON) -> JSON:
     now: datetime = job["now"]
     end = job["finished_at"] if done and job["finished_at"] is not None else now
     wait: int | None = None
-    if not done:
+    if state in states.AWAITING_REVIEW:
+        end = job["finished_at"] if job["finished_at"] is not None else now
+        wait = _REVIEW_POLL
+    elif not done:
         if state == states.RETRY_SCHEDULED and job["available_at"] > now:
             wait = max(1, math.ceil((job["available_at"] - now).total_seconds()))
         else:
@@ -114,11 +125,21 @@ def status_body(job: JSON) -> JSON:
     if state in (states.SUCCEEDED, states.REVIEW_REQUIRED):
         body["result"] = job.get("result")
         body["policy_version"] = job.get("policy_version")
-    if state == states.REVIEW_REQUIRED:
-        body["review"] = {"reasons": job["review_reasons"] or []}
+    if state == states.SUCCEEDED:
+        body["decided_by"] = job.get("decided_by") or "model"
+        if job.get("correction"):
+            body["correction"] = job["correction"]
+    if state in (states.REVIEW_REQUIRED, states.REJECTED):
+        review: JSON = {"reasons": job["review_reasons"] or []}
+        if job.get("review_id") is not None:
+            review["review_id"] = str(job["review_id"])
+            review["review_url"] = f"/v1/reviews/{job['review_id']}"
+        body["review"] = review
+    if job.get("erp"):
+        body["erp"] = job["erp"]
     if state == states.RETRY_SCHEDULED and job.get("error_class"):
         body["last_error"] = {"class": job["error_class"], "message": job["error_message"] or ""}
-    if state == states.FAILED_TERMINAL:
+    if state in (states.FAILED_TERMINAL, states.REJECTED):
         body["error"] = {"class": job["error_class"] or "unknown", "message": job["error_message"] or ""}
     return body
 

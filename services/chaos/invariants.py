@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 TERMINAL = frozenset({"SUCCEEDED", "REVIEW_REQUIRED", "FAILED_TERMINAL", "CANCELLED"})
 WITH_RESULT = frozenset({"SUCCEEDED", "REVIEW_REQUIRED"})
+# What an ERP receives (DESIGN §5.13): a job awaiting review never reaches it.
+TO_ERP = frozenset({"SUCCEEDED", "FAILED_TERMINAL", "REJECTED"})
 # The hop outcome of an attempt whose answer was written as the job's result.
 RESULT_OUTCOME = "ok"
 EXAMPLES = 5
@@ -214,8 +216,11 @@ def _event_problems(job: Job, events: Sequence[Event]) -> list[str]:
 
 def erp_exactly_once(facts: Facts) -> Check:
     finished = [facts.jobs[e.job_id] for e in facts.accepted if e.job_id in facts.jobs]
-    finished = [job for job in finished if job.state in TERMINAL]
     once, problems = 0, []
+    for job in finished:
+        if job.state == "REVIEW_REQUIRED" and job.id in facts.ledger:
+            problems.append(f"{job.id}: awaiting review, yet the ERP holds it")
+    finished = [job for job in finished if job.state in TO_ERP]
     duplicates = sum(entry.duplicates for entry in facts.ledger.values())
     for job in finished:
         entry = facts.ledger.get(job.id)
@@ -229,7 +234,7 @@ def erp_exactly_once(facts: Facts) -> Check:
         else:
             once += 1
     return Check(
-        "the ERP applied each final state exactly once",
+        "the ERP applied each final state exactly once, and no job awaiting review",
         not problems,
         once,
         f"{once}/{len(finished)} finished jobs applied once; {duplicates} duplicate delivery(ies) ignored",

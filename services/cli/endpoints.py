@@ -22,14 +22,15 @@ def register(sub: Any) -> None:
     add = actions.add_parser(
         "add",
         help="register a webhook endpoint; prints it with its secret (shown only this once) and the "
-        "result of the verification ping",
+        "verification ping queued for the delivery service",
     )
     add.add_argument("url")
     add.add_argument("--tenant-key", required=True, help="the tenant's API key")
     add.add_argument(
         "--events",
         default=",".join(EVENT_TYPES),
-        help=f"comma-separated event types (default: all of {', '.join(EVENT_TYPES)})",
+        help=f"comma-separated event types (default: {', '.join(EVENT_TYPES)}; "
+        "review.requested.v1 only when named)",
     )
     add.set_defaults(func=_add)
 
@@ -39,11 +40,7 @@ async def _add_async(settings: DeliverySettings, key: str, url: str, events: lis
 
     async with async_pool(settings.common, name="cli", max_size=1, autocommit=True) as pool:
         tenant = await Authenticator(pool, 0).authenticate(f"Bearer {key}")
-        endpoints = Endpoints(pool, settings)
-        try:
-            return await endpoints.register(tenant.id, url, events)
-        finally:
-            endpoints.close()
+        return await Endpoints(pool, settings).register(tenant.id, url, events)
 
 
 def _add(args: argparse.Namespace) -> int:

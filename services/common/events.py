@@ -11,8 +11,12 @@ from dataclasses import dataclass
 EXTRACTION_REQUESTED = "extraction.requested.v1"
 EXTRACTION_CANCELLED = "extraction.cancelled.v1"
 EXTRACTION_COMPLETED = "extraction.completed.v1"
-EXTRACTION_REVIEW_REQUIRED = "extraction.review_required.v1"
 EXTRACTION_FAILED = "extraction.failed.v1"
+# A reviewer refused the result (REVIEW_REQUIRED -> REJECTED): no result, like a failure.
+EXTRACTION_REJECTED = "extraction.rejected.v1"
+# A job needs a reviewer: ids, reasons and a review URL, never the unvalidated fields. Only
+# endpoints that subscribe to it explicitly (a review tool) receive it, never an ERP by default.
+REVIEW_REQUESTED = "review.requested.v1"
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,9 @@ ROUTES: dict[str, tuple[Route, ...]] = {
     EXTRACTION_REQUESTED: (INFERENCE_INGEST,),
     EXTRACTION_CANCELLED: (INFERENCE_INGEST,),
     EXTRACTION_COMPLETED: (DELIVERY_INGEST,),
-    EXTRACTION_REVIEW_REQUIRED: (DELIVERY_INGEST,),
     EXTRACTION_FAILED: (DELIVERY_INGEST,),
+    EXTRACTION_REJECTED: (DELIVERY_INGEST,),
+    REVIEW_REQUESTED: (DELIVERY_INGEST,),
 }
 
 

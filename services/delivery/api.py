@@ -85,6 +85,14 @@ def delivery_routes(edge: ApiContext, endpoints: Endpoints) -> list[BaseRoute]:
         _only_query(request)
         return JSONResponse({"endpoints": await endpoints.list(tenant.id)})
 
+    async def get_one(request: Request) -> Response:
+        tenant = await edge.tenant(request)
+        _only_query(request)
+        endpoint_id = parse_uuid(request.path_params["endpoint_id"])
+        if endpoint_id is None:
+            raise NotFound("no such webhook endpoint for this tenant")
+        return JSONResponse((await endpoints.list(tenant.id, endpoint_id))[0])
+
     def action(name: str) -> Handler:
         async def run(request: Request) -> Response:
             tenant = await edge.tenant(request)
@@ -134,6 +142,7 @@ def delivery_routes(edge: ApiContext, endpoints: Endpoints) -> list[BaseRoute]:
     routes: list[BaseRoute] = [
         Route(base, guarded(create), methods=["POST"], name="create_webhook_endpoint"),
         Route(base, guarded(list_all), methods=["GET"], name="list_webhook_endpoints"),
+        Route(f"{base}/{{endpoint_id}}", guarded(get_one), methods=["GET"], name="get_webhook_endpoint"),
     ]
     for name in ("disable", "enable", "rotate-secret", "recover"):
         handler = guarded(action(name))

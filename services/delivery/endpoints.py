@@ -2,8 +2,9 @@
 verification ping), list, disable, enable, rotate the secret, recover, inspect and resend.
 
 Used by the HTTP routes (``services/delivery/api.py``), ``fatura endpoints add`` and the demo
-(``register_endpoint``). Every statement is scoped to the tenant; no transaction is open while the
-ping is sent.
+(``register_endpoint``). Every statement is scoped to the tenant. Nothing here calls the endpoint:
+registration stores the verification ping as an ordinary pending delivery in the same transaction,
+and the delivery service sends it (signed, retried, through the egress guard) like any other.
 
 An endpoint is ``verified`` once it answers a signed request (the ping or any delivery) with a
 2xx. Unverified endpoints do receive deliveries: a registration made while the receiver was
@@ -14,7 +15,6 @@ a target safe to call.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -27,7 +27,6 @@ from services.common.queries import load_queries
 from services.delivery import payload, signing
 from services.delivery.egress import EgressGuard
 from services.delivery.errors import Conflict, InvalidEndpoint, NotFound
-from services.delivery.sender import Sender, SendLimits
 from services.delivery.settings import DeliverySettings
 
 Q = load_queries(Path(__file__).with_name("sql") / "endpoints.sql")
@@ -86,8 +85,6 @@ class Endpoints:
         # that serves them starts without one.
         self.keyring = settings.require_keyring("webhook endpoint registration")
         self.guard = guard or EgressGuard(settings.egress_allow)
-        t = settings.ping_timeout_seconds
-        self.pinger = Sender(self.guard, SendLimits(t, t, t, 1024))
 
     async def register(
         self,
@@ -99,9 +96,9 @@ class Endpoints:
     ) -> dict[str, Any]:
         """Store the endpoint and its first secret, then ping it; the secret is returned only here."""
         types = list(event_types) if event_types else list(payload.EVENT_TYPES)
-        unknown = sorted(set(types) - set(payload.EVENT_TYPES))
+        unknown = sorted(set(types) - set(payload.SUBSCRIBABLE))
         if unknown:
-            raise InvalidEndpoint(f"unknown event types {unknown}; known: {list(payload.EVENT_TYPES)}")
+            raise InvalidEndpoint(f"unknown event types {unknown}; known: {list(payload.SUBSCRIBABLE)}")
         # Resolving can block: off the event loop. Raises InvalidEndpoint or EgressRefused.
         await asyncio.to_thread(self.guard.vet, url)
         if secret is None:
@@ -127,8 +124,28 @@ class Endpoints:
                 },
             )
             await conn.execute(Q["insert_secret"], self._sealed_row(endpoint_id, secret))
-        verification = await self._ping(endpoint_id, url, secret)
+            ping_id = new_id()
+            delivery_id = signing.delivery_id(ping_id, endpoint_id)
+            await conn.execute(
+                Q["insert_ping"],
+                {
+                    "delivery_id": delivery_id,
+                    "event_id": ping_id,
+                    "event_type": payload.PING,
+                    "endpoint_id": endpoint_id,
+                    "tenant_id": tenant_id,
+                    "body": payload.ping_body(ping_id, endpoint_id, datetime.now(UTC)),
+                },
+            )
         view = (await self.list(tenant_id, endpoint_id))[0]
+        verification = {
+            "delivery_id": str(delivery_id),
+            "state": "pending",
+            "message": (
+                "A signed webhook.ping.v1 is on its way to this URL; the endpoint becomes verified "
+                "when it answers 2xx. Follow it with GET /v1/webhook-endpoints/{id}."
+            ).replace("{id}", str(endpoint_id)),
+        }
         return {**view, "secret": secret, "verification": verification}
 
     def _sealed_row(self, endpoint_id: uuid.UUID, secret: str) -> dict[str, Any]:
@@ -141,18 +158,6 @@ class Endpoints:
             "nonce": sealed.nonce,
             "ciphertext": sealed.ciphertext,
         }
-
-    async def _ping(self, endpoint_id: uuid.UUID, url: str, secret: str) -> dict[str, Any]:
-        ping_id = new_id()
-        body = payload.ping_body(ping_id, endpoint_id, datetime.now(UTC))
-        headers = signing.headers([secret], str(ping_id), int(time.time()), body)
-        result = await asyncio.to_thread(self.pinger.post, url, headers, body)
-        delivered = result.status is not None and 200 <= result.status < 300
-        if delivered:
-            async with self.pool.connection() as conn:
-                await conn.execute(Q["mark_verified"], {"endpoint_id": endpoint_id})
-        error = result.error_class if result.status is None else None
-        return {"delivered": delivered, "http_status": result.status, "error": error}
 
     async def list(self, tenant_id: uuid.UUID, endpoint_id: uuid.UUID | None = None) -> list[dict[str, Any]]:
         async with self.pool.connection() as conn:
@@ -245,9 +250,6 @@ class Endpoints:
         assert updated is not None
         return _delivery_view(updated)
 
-    def close(self) -> None:
-        self.pinger.close()
-
 
 async def _register(
     settings: DeliverySettings,
@@ -257,11 +259,7 @@ async def _register(
     secret: str | None,
 ) -> dict[str, Any]:
     async with async_pool(settings.common, name="endpoints", max_size=1, autocommit=True) as pool:
-        endpoints = Endpoints(pool, settings)
-        try:
-            return await endpoints.register(tenant_id, url, events, secret=secret)
-        finally:
-            endpoints.close()
+        return await Endpoints(pool, settings).register(tenant_id, url, events, secret=secret)
 
 
 def register_endpoint(
@@ -273,10 +271,10 @@ def register_endpoint(
 ) -> dict[str, Any]:
     """Register a webhook endpoint for a tenant (blocking; for the CLI and the demo).
 
-    Returns the endpoint as the API shows it, with its ``secret`` (shown only here) and the result
-    of the verification ping. Give ``secret`` (``whsec_...``) to use one the receiver already
-    knows, so the ping verifies at once. Raises InvalidEndpoint or EgressRefused for a URL it may
-    not use.
+    Returns the endpoint as the API shows it, with its ``secret`` (shown only here) and the
+    verification ping it queued. Give ``secret`` (``whsec_...``) to use one the receiver already
+    knows, so the ping verifies when the delivery service sends it. Raises InvalidEndpoint or
+    EgressRefused for a URL it may not use.
     """
     return asyncio.run(
         _register(settings or DeliverySettings.from_env(), tenant_id, url, event_types, secret)

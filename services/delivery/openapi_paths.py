@@ -59,8 +59,9 @@ def paths(security: list[JSON], errors: Mapping[int, JSON]) -> JSON:
         "/v1/webhook-endpoints": {
             "post": _op(
                 "createWebhookEndpoint",
-                "Register a webhook endpoint; the secret is shown only in this answer. A signed "
-                "webhook.ping.v1 is sent at once: `verified` tells whether it was answered 2xx.",
+                "Register a webhook endpoint; the secret is shown only in this answer. The delivery "
+                "service sends it a signed webhook.ping.v1 right after; `verified` becomes true when "
+                "the ping (or any delivery) is answered 2xx.",
                 security,
                 ("201", "Registered.", "WebhookEndpointCreated"),
                 errors,
@@ -74,6 +75,17 @@ def paths(security: list[JSON], errors: Mapping[int, JSON]) -> JSON:
                 ("200", "The endpoints.", "WebhookEndpointList"),
                 errors,
                 (400, 401, 503),
+            ),
+        },
+        "/v1/webhook-endpoints/{endpoint_id}": {
+            "get": _op(
+                "getWebhookEndpoint",
+                "One webhook endpoint: its state and whether it is verified.",
+                security,
+                ("200", "The endpoint.", "WebhookEndpoint"),
+                errors,
+                std,
+                params=endpoint,
             ),
         },
         "/v1/webhook-endpoints/{endpoint_id}:disable": {

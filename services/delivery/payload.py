@@ -17,7 +17,11 @@ from typing import Any
 from services.common import events
 
 PING = "webhook.ping.v1"
-EVENT_TYPES = (events.EXTRACTION_COMPLETED, events.EXTRACTION_REVIEW_REQUIRED, events.EXTRACTION_FAILED)
+# What an endpoint receives when it names no event types: an ERP's events. A result that did not
+# pass validation is never among them (DESIGN §5.13).
+EVENT_TYPES = (events.EXTRACTION_COMPLETED, events.EXTRACTION_FAILED, events.EXTRACTION_REJECTED)
+# What an endpoint may subscribe to; the review request only by naming it (a review tool).
+SUBSCRIBABLE = (*EVENT_TYPES, events.REVIEW_REQUESTED)
 
 
 def _iso(at: datetime) -> str:
@@ -32,6 +36,10 @@ def status_url(job_id: uuid.UUID) -> str:
     return f"/v1/extraction-jobs/{job_id}"
 
 
+def review_url(review_id: uuid.UUID) -> str:
+    return f"/review#{review_id}"
+
+
 def event_body(
     *,
     event_id: uuid.UUID,
@@ -42,19 +50,38 @@ def event_body(
     state_version: int,
     occurred_at: datetime,
     job: dict[str, Any],
+    review_id: uuid.UUID | None = None,
 ) -> bytes:
-    """The body of one event's deliveries; ``job`` is the job row as JSON (``to_jsonb``)."""
+    """The body of one event's deliveries; ``job`` is the job row as JSON (``to_jsonb``).
+
+    A review request carries ids, reason codes and the review's URL, never the extracted fields
+    nor the reasons' messages (which quote them): the result it is about has not passed validation.
+    """
     data: dict[str, Any] = {
         "job_id": str(job_id),
         "tenant_id": str(tenant_id),
         "state": state,
         "state_version": state_version,
     }
-    if job.get("state_version") == state_version:
-        if job.get("result") is not None:
+    current = job.get("state_version") == state_version
+    if event_type == events.REVIEW_REQUESTED:
+        review: dict[str, Any] = {
+            "reasons": [
+                {"code": r.get("code"), "field": r.get("field")}
+                for r in (job.get("review_reasons") or [])
+                if isinstance(r, dict)
+            ]
+        }
+        if review_id is not None:
+            review["review_id"] = str(review_id)
+            review["review_url"] = review_url(review_id)
+        data["review"] = review
+    elif current:
+        if job.get("result") is not None and event_type == events.EXTRACTION_COMPLETED:
             data["result"] = job["result"]
-        if job.get("review_reasons") is not None:
-            data["review"] = {"reasons": job["review_reasons"]}
+            data["decided_by"] = job.get("decided_by") or "model"
+            if job.get("correction"):
+                data["correction"] = {"changes": job["correction"].get("changes")}
         if job.get("error_class") is not None:
             data["error"] = {"class": job["error_class"], "message": job.get("error_message") or ""}
     if job.get("policy_version") is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.delivery.egress import MAX_URL_LENGTH
-from services.delivery.payload import EVENT_TYPES
+from services.delivery.payload import EVENT_TYPES, SUBSCRIBABLE
 
 JSON = dict[str, Any]
 
@@ -33,8 +33,11 @@ CREATE_ENDPOINT: JSON = {
             "type": "array",
             "minItems": 1,
             "uniqueItems": True,
-            "items": {"type": "string", "enum": list(EVENT_TYPES)},
-            "description": "Defaults to every event type.",
+            "items": {"type": "string", "enum": list(SUBSCRIBABLE)},
+            "description": (
+                f"Defaults to the ERP's events ({', '.join(EVENT_TYPES)}); review.requested.v1 "
+                "(ids, reasons and a review URL, never the unvalidated fields) only when named."
+            ),
         },
         "max_concurrency": {"type": "integer", "minimum": 1, "maximum": MAX_CONCURRENCY},
         "secret": {
@@ -99,11 +102,12 @@ ENDPOINT_CREATED: JSON = {
         "secret": {"type": "string", "pattern": "^whsec_", "description": "Shown only this once."},
         "verification": {
             "type": "object",
-            "required": ["delivered"],
+            "description": "The verification ping, queued as a delivery in the registration's transaction.",
+            "required": ["delivery_id", "state", "message"],
             "properties": {
-                "delivered": {"type": "boolean"},
-                "http_status": {"type": ["integer", "null"]},
-                "error": {"type": ["string", "null"]},
+                "delivery_id": _UUID,
+                "state": {"type": "string", "enum": ["pending"]},
+                "message": {"type": "string"},
             },
         },
     },

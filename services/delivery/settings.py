@@ -28,7 +28,6 @@ class DeliverySettings:
     scheduler_interval_seconds: float = 1.0
     rewake_seconds: float = 30.0
     secret_overlap_seconds: int = 86_400
-    ping_timeout_seconds: float = 5.0
     default_max_concurrency: int = 4
     # Seals webhook secrets (registration, rotation) and opens them (signing); None when
     # FATURA_SECRETS_KEY is unset, which only the processes that never touch a secret accept.
@@ -85,7 +84,6 @@ class DeliverySettings:
             secret_overlap_seconds=env_int(
                 env, "FATURA_WEBHOOK_SECRET_OVERLAP_SECONDS", 86_400, lo=0, hi=30 * 86_400
             ),
-            ping_timeout_seconds=env_float(env, "FATURA_WEBHOOK_PING_TIMEOUT_SECONDS", 5.0, lo=0.1, hi=60),
             default_max_concurrency=env_int(env, "FATURA_WEBHOOK_MAX_CONCURRENCY", 4, lo=1, hi=1000),
             keyring=Keyring.from_env(env),
         )

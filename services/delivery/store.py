@@ -80,6 +80,7 @@ def _create_deliveries(conn: Connection[DictRow], event: EventMessage) -> list[u
         state_version=event.state_version,
         occurred_at=row["occurred_at"] or datetime.now(UTC),
         job=job,
+        review_id=row["review_id"],
     )
     woken: list[uuid.UUID] = []
     endpoints = conn.execute(

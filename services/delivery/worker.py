@@ -26,7 +26,7 @@ from services.common.db import SyncPool, sync_pool
 from services.common.failures import is_transient
 from services.common.messages import BadMessage, parse_event
 from services.common.worker import run_worker, stop_on_signals
-from services.delivery import metrics, outcomes, payload, signing, store
+from services.delivery import metrics, outcomes, signing, store
 from services.delivery.egress import EgressGuard
 from services.delivery.outcomes import AttemptResult, Decision
 from services.delivery.sender import Sender
@@ -75,7 +75,7 @@ class DeliveryWorker:
         deliver(self.deliver)
 
     def ingest(self, event: Any = None) -> None:
-        message = parse_event(event, payload.EVENT_TYPES)
+        message = parse_event(event, events.event_types_for(events.DELIVERY_INGEST))
         woken = store.ingest(self.pool, message)
         try:
             for delivery_id in woken:

@@ -24,6 +24,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from services.common import events, states
+from services.common.ids import new_id
 from services.common.queries import load_queries
 from services.common.uow import JobChange, UnitOfWork, unit_of_work
 from services.inference import metrics
@@ -36,7 +37,7 @@ Q = load_queries(Path(__file__).with_name("sql") / "inference.sql")
 
 EVENT_FOR_STATE: dict[str, str | None] = {
     states.SUCCEEDED: events.EXTRACTION_COMPLETED,
-    states.REVIEW_REQUIRED: events.EXTRACTION_REVIEW_REQUIRED,
+    states.REVIEW_REQUIRED: events.REVIEW_REQUESTED,
     states.FAILED_TERMINAL: events.EXTRACTION_FAILED,
     states.RETRY_SCHEDULED: None,
 }
@@ -216,6 +217,18 @@ class Claims:
                     detail,
                 )
                 uow.record(change)
+                if completion.state == states.REVIEW_REQUIRED:
+                    uow.execute(
+                        Q["open_review_task"],
+                        {
+                            "task_id": new_id(),
+                            "tenant_id": job.tenant_id,
+                            "job_id": job.job_id,
+                            "reasons": Jsonb(completion.review_reasons or []),
+                            "job_version": row["state_version"],
+                            "detail": Jsonb({"attempt": job.attempt, "fence": job.fence}),
+                        },
+                    )
                 return True
         with unit_of_work(self._pool) as uow:
             self._log_hops(uow, job, completion.hops, stale=True)

@@ -46,7 +46,6 @@ DELIVERY_ENV = {
     "FATURA_DELIVERY_TOTAL_TIMEOUT_SECONDS": "2",
     "FATURA_DELIVERY_LEASE_SECONDS": "3",
     "FATURA_DELIVERY_WORKER_THREADS": "4",
-    "FATURA_WEBHOOK_PING_TIMEOUT_SECONDS": "2",
 }
 
 
@@ -281,11 +280,27 @@ RegisterFn = Callable[..., Endpoint]
 
 
 @pytest.fixture
-def register(dclient: httpx.Client, make_tenant: MakeTenant, erp_secret: str) -> Iterator[RegisterFn]:
+def register(
+    dclient: httpx.Client,
+    make_tenant: MakeTenant,
+    erp_secret: str,
+    pool: SyncPool,
+    request: pytest.FixtureRequest,
+) -> Iterator[RegisterFn]:
     """Register a tenant's endpoint (the ERP unless told otherwise); disabled again at the end, so a
-    test's leftover retries never reach the next test's faults."""
+    test's leftover retries never reach the next test's faults. When the test runs a delivery
+    worker, the endpoint's verification ping has been answered before this returns, so the faults a
+    test sets next meet its own deliveries, not the ping."""
     made: list[Endpoint] = []
 
+    sends = "worker" in request.fixturenames
+
+    def ping_settled(delivery_id: str) -> bool:
+        with pool.connection() as conn:
+            row = conn.execute(
+                "SELECT state FROM deliveries WHERE delivery_id = %s", (delivery_id,)
+            ).fetchone()
+        return row is not None and row["state"] not in ("pending", "delivering")
     def make(
         url: str, *, secret: str | None = None, tenant: TenantHandle | None = None, **extra: Any
     ) -> Endpoint:
@@ -298,6 +313,9 @@ def register(dclient: httpx.Client, make_tenant: MakeTenant, erp_secret: str) ->
         endpoint = Endpoint(tenant, response.json()["endpoint_id"], secret, response.json())
         made.append(endpoint)
         return endpoint
+        if sends:
+            ping = endpoint.body["verification"]["delivery_id"]
+            wait_for(lambda: ping_settled(ping), 20, f"the verification ping {ping} to be answered")
 
     yield make
     for endpoint in made:

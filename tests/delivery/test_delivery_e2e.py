@@ -13,7 +13,7 @@ import httpx
 import pytest
 import standardwebhooks
 
-from fix_db import SyncPool
+from fix_db import MakeTenant, SyncPool
 from fix_delivery import (
     Erp,
     Jobs,
@@ -44,10 +44,16 @@ def _applied(erp: Erp, job_id: uuid.UUID) -> dict[str, Any]:
 def test_a_finished_job_reaches_the_erp_once_signed_and_every_attempt_is_recorded(
     worker: ServiceProcess, erp: Erp, register: RegisterFn, jobs: Jobs, dclient: httpx.Client
 ) -> None:
-    # Given a tenant whose endpoint is the ERP (the registration ping verified it)
+    # Given a tenant whose endpoint is the ERP, verified by the ping the delivery service sends
     endpoint = register(erp.webhook_url)
-    assert endpoint.body["verified"] is True
-    assert endpoint.body["verification"] == {"delivered": True, "http_status": 200, "error": None}
+    assert endpoint.body["verification"]["state"] == "pending"
+    wait_for(
+        lambda: dclient.get(
+            f"/v1/webhook-endpoints/{endpoint.endpoint_id}", headers=endpoint.tenant.headers
+        ).json()["verified"],
+        20,
+        "the endpoint to be verified by its ping",
+    )
     # When one of its jobs completes
     job_id = jobs.submit(endpoint.tenant)
     jobs.complete(endpoint.tenant, job_id)
@@ -272,21 +278,35 @@ def test_an_event_delivered_twice_by_the_broker_makes_one_delivery_and_a_changed
     assert _applied(erp, job_id)["effects"] == 1
 
 
-def test_a_review_and_a_failure_are_delivered_with_their_reasons(
-    worker: ServiceProcess, register: RegisterFn, receiver: Receiver, jobs: Jobs, dclient: httpx.Client
+def test_a_job_awaiting_review_never_reaches_an_erp_endpoint_only_a_review_tool_that_asked(
+    worker: ServiceProcess,
+    register: RegisterFn,
+    erp: Erp,
+    receiver: Receiver,
+    make_tenant: MakeTenant,
+    jobs: Jobs,
+    dclient: httpx.Client,
 ) -> None:
-    endpoint = register(receiver.url, secret=standardwebhooks_secret())
-    review = jobs.submit(endpoint.tenant)
-    jobs.complete(
-        endpoint.tenant, review, state="REVIEW_REQUIRED", event_type=events.EXTRACTION_REVIEW_REQUIRED
+    # Given a tenant with an ERP endpoint (default event types) and a review tool that asked for
+    # review requests
+    tenant = make_tenant()
+    erp_endpoint = register(erp.webhook_url, tenant=tenant)
+    tool = register(
+        receiver.url, secret=standardwebhooks_secret(), tenant=tenant, event_types=["review.requested.v1"]
     )
-    settled(dclient, endpoint.tenant, review)
-    bodies = [
-        json.loads(r.body) for r in receiver.received if json.loads(r.body)["type"] != "webhook.ping.v1"
-    ]
-    assert bodies[-1]["type"] == "extraction.review_required.v1"
-    assert bodies[-1]["data"]["review"]["reasons"][0]["code"] == "arithmetic"
-    assert bodies[-1]["data"]["state"] == "REVIEW_REQUIRED"
+    # When a job ends in review
+    review = jobs.submit(tenant)
+    jobs.complete(tenant, review, state="REVIEW_REQUIRED", event_type=events.REVIEW_REQUESTED)
+    # Then only the review tool gets it: ids and reason codes, not the unvalidated fields
+    found = settled(dclient, tenant, review)
+    assert found["endpoint_id"] == tool.endpoint_id and found["event_type"] == "review.requested.v1"
+    body = next(
+        json.loads(r.body) for r in receiver.received if json.loads(r.body)["type"] == "review.requested.v1"
+    )
+    assert body["data"]["review"]["reasons"] == [{"code": "arithmetic", "field": None}]
+    assert "result" not in body["data"] and "AK-" not in json.dumps(body)
+    assert erp.ledger(review) is None
+    assert erp_endpoint.endpoint_id not in [d["endpoint_id"] for d in deliveries(dclient, tenant, review)]
 
 
 def test_resend_sends_the_same_webhook_id_again_and_the_erp_does_not_apply_it_twice(

@@ -262,17 +262,56 @@ def test_the_body_carries_the_events_state_and_the_result_at_that_version() -> N
 def test_a_body_for_an_older_version_leaves_out_the_newer_rows_result() -> None:
     raw = payload.event_body(
         event_id=uuid.uuid4(),
-        event_type="extraction.review_required.v1",
+        event_type="extraction.completed.v1",
+        tenant_id=uuid.uuid4(),
+        job_id=uuid.uuid4(),
+        state="SUCCEEDED",
+        state_version=3,
+        occurred_at=datetime.now(UTC) - timedelta(seconds=5),
+        job={"state_version": 4, "result": {"x": 1}, "decided_by": "reviewer"},
+    )
+    data = json.loads(raw)["data"]
+    assert data["state"] == "SUCCEEDED" and data["state_version"] == 3
+    assert "result" not in data and "decided_by" not in data
+
+
+def test_a_review_request_carries_ids_reason_codes_and_the_review_url_never_the_fields() -> None:
+    review_id = uuid.uuid4()
+    raw = payload.event_body(
+        event_id=uuid.uuid4(),
+        event_type="review.requested.v1",
         tenant_id=uuid.uuid4(),
         job_id=uuid.uuid4(),
         state="REVIEW_REQUIRED",
         state_version=3,
-        occurred_at=datetime.now(UTC) - timedelta(seconds=5),
-        job={"state_version": 4, "result": {"x": 1}, "review_reasons": ["r"]},
+        occurred_at=datetime.now(UTC),
+        job={
+            "state_version": 3,
+            "result": {"total": "999.00", "supplier": {"iban": "TR00 0000"}},
+            "review_reasons": [
+                {"code": "arithmetic_total", "field": "/total", "message": "999.00 is not 100.00 + 18.00"}
+            ],
+        },
+        review_id=review_id,
     )
     data = json.loads(raw)["data"]
-    assert data["state"] == "REVIEW_REQUIRED" and data["state_version"] == 3
-    assert "result" not in data and "review" not in data
+    assert data["review"] == {
+        "reasons": [{"code": "arithmetic_total", "field": "/total"}],
+        "review_id": str(review_id),
+        "review_url": f"/review#{review_id}",
+    }
+    assert "result" not in data
+    assert b"999.00" not in raw and b"TR00" not in raw
+
+
+def test_an_endpoint_takes_the_erp_events_by_default_and_review_requests_only_by_name() -> None:
+    assert "review.requested.v1" not in payload.EVENT_TYPES
+    assert "review.requested.v1" in payload.SUBSCRIBABLE
+    assert set(payload.EVENT_TYPES) == {
+        "extraction.completed.v1",
+        "extraction.failed.v1",
+        "extraction.rejected.v1",
+    }
 
 
 # The SSRF matrix (DESIGN §5.10): each of these is refused unless FATURA_EGRESS_ALLOW names it.

@@ -29,7 +29,7 @@ from fix_delivery import (
     insert_secret,
     wait_for,
 )
-from fix_processes import ROOT, SpawnFn, free_port
+from fix_processes import ROOT, ServiceProcess, SpawnFn, free_port
 from services.common.keyring import DEVELOPMENT_KEY, Keyring, KeyringError, Sealed, new_key_spec
 from services.common.migrate import migrate
 from services.common.settings import SettingsError
@@ -204,21 +204,26 @@ def test_registration_through_the_edge_stores_the_secret_sealed_and_never_in_pla
 
 
 def test_a_worker_holding_the_old_key_signs_and_one_without_it_leaves_the_delivery_waiting(
-    start_worker: StartProcess, register: RegisterFn, receiver: Receiver, jobs: Jobs, dclient: httpx.Client
+    start_worker: StartProcess,
+    scheduler: ServiceProcess,
+    register: RegisterFn,
+    receiver: Receiver,
+    jobs: Jobs,
+    dclient: httpx.Client,
 ) -> None:
     # Given an endpoint registered while the development key was current
     endpoint = register(receiver.url, secret=signing.new_secret())
-    wait_for(lambda: receiver.received, 5, "the registration ping")
     # When the master key is rotated: the worker runs with K1 and keeps the old key
     rotated = start_worker(FATURA_SECRETS_KEY=K1, FATURA_SECRETS_OLD_KEYS=DEVELOPMENT_KEY)
     job_id = jobs.submit(endpoint.tenant)
     jobs.complete(endpoint.tenant, job_id)
-    wait_for(lambda: len(receiver.received) > 1, 20, "a delivery")
-    # Then the delivery is signed with the endpoint's secret
-    request = receiver.received[1]
-    assert standardwebhooks.Webhook(endpoint.secret).verify(request.body, request.headers)["data"][
-        "job_id"
-    ] == str(job_id)
+    wait_for(lambda: len(receiver.received) > 1, 20, "the verification ping and a delivery")
+    # Then both are signed with the endpoint's secret
+    verified = [
+        standardwebhooks.Webhook(endpoint.secret).verify(r.body, r.headers) for r in receiver.received
+    ]
+    assert sorted(v["type"] for v in verified) == ["extraction.completed.v1", "webhook.ping.v1"]
+    assert [v["data"]["job_id"] for v in verified if "job_id" in v["data"]] == [str(job_id)]
     rotated.stop()
     # When a worker lacks the old key, the next delivery waits with the reason instead of failing
     start_worker(FATURA_SECRETS_KEY=K1)

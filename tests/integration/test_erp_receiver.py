@@ -7,9 +7,6 @@ every effect once, only newer state versions, nothing from a refused or faulted 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -25,7 +22,8 @@ import pytest
 import standardwebhooks
 
 from fatura_sdk import generate_secret, sign_headers
-from fix_processes import ROOT, ServiceProcess, SpawnFn, free_port
+from fix_processes import ROOT, ServiceProcess, SpawnFn
+from services.common.procs import fatura_command, free_port
 
 SECRET = generate_secret()
 ROTATED_OUT = generate_secret()
@@ -233,15 +231,13 @@ def test_an_older_state_version_arriving_after_a_newer_one_is_not_applied(http: 
     job_id = str(uuid.uuid4())
     newer, older = str(uuid.uuid4()), str(uuid.uuid4())
 
-    first = deliver(
-        http, newer, job_event(job_id, 6, state="REVIEW_REQUIRED", kind="extraction.review_required.v1")
-    )
+    first = deliver(http, newer, job_event(job_id, 6, state="REJECTED", kind="extraction.rejected.v1"))
     late = deliver(http, older, job_event(job_id, 4, state="SUCCEEDED"))
 
     assert first.status_code == late.status_code == 200
     entry = ledger_entry(http, job_id)
     assert entry is not None
-    assert (entry["state"], entry["state_version"], entry["effects"]) == ("REVIEW_REQUIRED", 6, 1)
+    assert (entry["state"], entry["state_version"], entry["effects"]) == ("REJECTED", 6, 1)
     assert [r["outcome"] for r in entry["receipts"]] == ["applied", "not_newer"]
 
 
@@ -393,23 +389,15 @@ def test_secrets_posted_at_run_time_are_used_and_survive_a_restart(spawn: SpawnF
 def test_fatura_sandbox_erp_serves_the_same_receiver(tmp_path: Path, base_env: dict[str, str]) -> None:
     port = free_port()
     env = {
-        **os.environ,
         **base_env,
         "FATURA_ERP_PORT": str(port),
         "FATURA_ERP_DB": str(tmp_path / "erp.sqlite"),
         "FATURA_ERP_SECRETS": SECRET,
     }
-    log_path = tmp_path / "sandbox-erp.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "services.cli.main", "sandbox", "erp"],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    handle = ServiceProcess("sandbox-erp", process, log_path)
+    command = fatura_command("sandbox", "erp")
+    handle = ServiceProcess.start(
+        "sandbox-erp", command, env=env, log_path=tmp_path / "sandbox-erp.log", cwd=ROOT
+    )
     try:
         handle.wait_ready(f"http://127.0.0.1:{port}/readyz")
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10.0) as http:

@@ -127,7 +127,10 @@ def test_any_list_query_is_a_typed_answer(
 
 
 @_SETTINGS
-@given(document_id=_IDS, version=st.one_of(st.integers(), st.floats(allow_nan=False), st.text(max_size=5)))
+@given(
+    document_id=_IDS,
+    version=st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=5)),
+)
 def test_a_job_naming_a_malformed_document_is_a_typed_answer(
     client: httpx.Client, tenant: TenantHandle, document_id: str, version: Any
 ) -> None:

@@ -76,6 +76,7 @@ def test_the_document_describes_the_routes_the_server_has(edge: ServiceProcess) 
         "/v1/extraction-jobs/{job_id}",
         "/v1/extraction-jobs/{job_id}:cancel",
         "/v1/webhook-endpoints",
+        "/v1/webhook-endpoints/{endpoint_id}",
         "/v1/webhook-endpoints/{endpoint_id}:disable",
         "/v1/webhook-endpoints/{endpoint_id}:enable",
         "/v1/webhook-endpoints/{endpoint_id}:rotate-secret",

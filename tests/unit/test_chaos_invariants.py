@@ -39,7 +39,8 @@ def _healthy(n: int = 3) -> Facts:
             Event(e.job_id, 3, e.expect, 3),
         ]
         attempts.append(Attempt(e.job_id, 1, 1, "ok"))
-        ledger[e.job_id] = LedgerEntry(e.job_id, e.expect, 3, 1)
+        if e.expect != "REVIEW_REQUIRED":  # a job awaiting review never reaches the ERP
+            ledger[e.job_id] = LedgerEntry(e.job_id, e.expect, 3, 1)
     return Facts(
         accepted=accepted,
         jobs=jobs,
@@ -135,8 +136,16 @@ def test_the_erp_must_hold_each_final_state_once(entry: LedgerEntry | None, expe
     else:
         facts.ledger["j1"] = entry
     check = erp_exactly_once(facts)
-    assert check.ok is False and check.count == 2
+    assert check.ok is False and check.count == 0
     assert expected in check.examples[0]
+
+
+def test_a_job_awaiting_review_must_not_be_in_the_erp() -> None:
+    facts = _healthy()
+    facts.ledger["j0"] = LedgerEntry("j0", "REVIEW_REQUIRED", 3, 1)
+    check = erp_exactly_once(facts)
+    assert check.ok is False and check.count == 1
+    assert "awaiting review, yet the ERP holds it" in check.examples[0]
 
 
 def test_a_model_call_after_every_job_finished_came_from_delivery() -> None:

@@ -58,9 +58,14 @@ def test_named_queries_load_and_duplicates_are_refused(tmp_path: Path) -> None:
         load_queries(bad)
 
 
-def test_terminal_states_never_change_and_any_running_state_can_be_cancelled() -> None:
-    for terminal in states.TERMINAL:
-        assert not any(states.can_transition(terminal, target) for target in states.ALL)
+def test_final_states_never_change_and_any_running_state_can_be_cancelled() -> None:
+    for final in states.FINAL:
+        assert not any(states.can_transition(final, target) for target in states.ALL)
+    # A job awaiting review leaves it only by a reviewer's decision.
+    assert {t for t in states.ALL if states.can_transition(states.REVIEW_REQUIRED, t)} == {
+        states.SUCCEEDED,
+        states.REJECTED,
+    }
     for running in states.NON_TERMINAL:
         assert states.can_transition(running, states.CANCELLED)
         assert states.can_transition(running, states.FAILED_TERMINAL)

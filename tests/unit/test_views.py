@@ -61,7 +61,15 @@ def test_unfinished_states_are_not_done_and_say_when_to_poll(state: str) -> None
     assert body["elapsed_seconds"] == 30.0
 
 
-@pytest.mark.parametrize("state", sorted(states.TERMINAL))
+def test_a_job_awaiting_review_is_not_done_and_says_a_reviewer_decides() -> None:
+    body = status_body(_job(states.REVIEW_REQUIRED, review_reasons=[{"code": "x"}]))
+    assert body["done"] is False
+    assert body["poll_after_seconds"] == 60
+    assert "NOT complete" in body["message"] and "reviewer" in body["message"]
+    assert body["elapsed_seconds"] == 25.0
+
+
+@pytest.mark.parametrize("state", sorted(states.FINAL))
 def test_finished_states_are_done_and_stop_the_clock(state: str) -> None:
     body = status_body(_job(state, error_class="provider_rejected", review_reasons=[{"code": "x"}]))
     assert body["done"] is True
@@ -76,7 +84,7 @@ def test_review_and_failure_carry_their_reasons() -> None:
         _job(states.FAILED_TERMINAL, error_class="deadline_passed", error_message="too late")
     )
     assert review["review"] == {"reasons": [{"code": "iban_checksum"}]}
-    assert "needs human review" in review["message"]
+    assert "human reviewer" in review["message"]
     assert failed["error"] == {"class": "deadline_passed", "message": "too late"}
 
 

@@ -77,8 +77,12 @@ WHERE tenant_id = %(tenant_id)s AND idempotency_key = %(idempotency_key)s
 -- name: get_job
 SELECT id, tenant_id, state, state_version, attempt, priority, document_id, document_version,
        schema_version, policy_version, available_at, deadline_at, error_class, error_message,
-       review_reasons, result_ref, result, usage, created_at, updated_at, finished_at, now() AS now
-FROM extraction_jobs
+       review_reasons, result_ref, result, usage, created_at, updated_at, finished_at, decided_by,
+       correction, erp, now() AS now,
+       (SELECT r.id FROM review_tasks r
+        WHERE r.job_id = j.id AND r.state IN ('open', 'claimed')
+        ORDER BY r.created_at DESC LIMIT 1) AS review_id
+FROM extraction_jobs j
 WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s
 
 -- name: list_jobs

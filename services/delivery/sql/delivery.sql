@@ -4,9 +4,12 @@
 -- name: job_for_event
 -- The job row as JSON (so columns other services add, such as `result`, come along), and when and
 -- in which state the job reached the event's state version.
-SELECT to_jsonb(j) AS job, e.at AS occurred_at, e.state AS recorded_state
+-- A review request also names its review task.
+SELECT to_jsonb(j) AS job, e.at AS occurred_at, e.state AS recorded_state,
+       (SELECT r.id FROM review_tasks r
+        WHERE r.job_id = j.id AND r.job_version = %(state_version)s AND r.kind = 'validation') AS review_id
 FROM extraction_jobs j
-LEFT JOIN job_events e ON e.job_id = j.id AND e.state_version = %(state_version)s
+LEFT JOIN job_events e ON e.job_id = j.id AND e.state_version = %(state_version)s AND e.kind = 'state'
 WHERE j.id = %(job_id)s
 
 -- name: matching_endpoints

@@ -12,9 +12,11 @@ VALUES (%(endpoint_id)s, %(key_id)s, %(master_key_id)s, %(nonce)s, %(ciphertext)
 -- name: count_endpoints
 SELECT count(*) AS n FROM webhook_endpoints WHERE tenant_id = %(tenant_id)s
 
--- name: mark_verified
-UPDATE webhook_endpoints SET verified_at = coalesce(verified_at, now()), updated_at = now()
-WHERE id = %(endpoint_id)s
+-- name: insert_ping
+-- The verification ping: an ordinary delivery without a job, which the delivery scheduler wakes
+-- and the delivery worker sends; its first 2xx marks the endpoint verified.
+INSERT INTO deliveries (delivery_id, event_id, event_type, endpoint_id, tenant_id, job_id, body)
+VALUES (%(delivery_id)s, %(event_id)s, %(event_type)s, %(endpoint_id)s, %(tenant_id)s, NULL, %(body)s)
 
 -- name: list_endpoints
 SELECT e.id, e.url, e.event_types, e.state, e.disabled_reason, e.verified_at, e.max_concurrency,

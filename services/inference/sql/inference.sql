@@ -65,9 +65,22 @@ SET state = %(state)s, state_version = state_version + 1, lease_until = NULL,
     error_message = %(error_message)s, usage = fatura_usage_add(usage, %(usage)s),
     policy_version = coalesce(%(policy_version)s, policy_version),
     available_at = coalesce(%(available_at)s, available_at),
-    finished_at = CASE WHEN %(terminal)s THEN now() END, updated_at = now()
+    finished_at = CASE WHEN %(terminal)s THEN now() END, updated_at = now(),
+    decided_by = CASE WHEN %(state)s = 'SUCCEEDED' THEN 'model' END
 WHERE id = %(job_id)s AND state = 'RUNNING' AND fence = %(fence)s AND lease_until > now()
 RETURNING tenant_id, state_version
+
+-- name: open_review_task
+-- A result that did not pass validation waits for a reviewer (DESIGN §5.13): its task is opened
+-- in the completion's transaction, with the audit trail's first line.
+WITH task AS (
+    INSERT INTO review_tasks (id, tenant_id, job_id, kind, reasons, job_version)
+    VALUES (%(task_id)s, %(tenant_id)s, %(job_id)s, 'validation', %(reasons)s, %(job_version)s)
+    ON CONFLICT DO NOTHING
+    RETURNING id, tenant_id
+)
+INSERT INTO review_task_events (task_id, tenant_id, actor, action, detail)
+SELECT id, tenant_id, 'fatura', 'opened', %(detail)s FROM task
 
 -- name: insert_attempt
 INSERT INTO job_attempts (job_id, attempt, fence, channel, model, started_at, ended_at, outcome,

@@ -19,7 +19,7 @@ from services.common.queries import load_queries
 Q = load_queries(Path(__file__).with_name("sql") / "ledger.sql")
 SCHEMA = Q["create_schema"]
 
-JOB_EVENTS = frozenset({"extraction.completed.v1", "extraction.review_required.v1", "extraction.failed.v1"})
+JOB_EVENTS = frozenset({"extraction.completed.v1", "extraction.failed.v1", "extraction.rejected.v1"})
 
 
 def result_digest(result: Any) -> str | None:
