@@ -33,7 +33,7 @@ class AcceptanceSettings:
     auth_block_seconds: float = 300.0
     admission_cache_seconds: float = 0.1
     model_policy: str = "default"
-    policy_version: str = "invoice-policy.v1"
+    policy_version: str = "invoice-policy.v2"
 
     @property
     def max_body_bytes(self) -> int:
@@ -66,7 +66,7 @@ class AcceptanceSettings:
             auth_block_seconds=env_float(env, "FATURA_AUTH_BLOCK_SECONDS", 300.0, lo=1.0, hi=86_400.0),
             admission_cache_seconds=env_float(env, "FATURA_ADMISSION_CACHE_SECONDS", 0.1, lo=0.0, hi=10.0),
             model_policy=env_str(env, "FATURA_MODEL_POLICY", "default"),
-            policy_version=env_str(env, "FATURA_POLICY_VERSION", "invoice-policy.v1"),
+            policy_version=env_str(env, "FATURA_POLICY_VERSION", "invoice-policy.v2"),
         )
 
 

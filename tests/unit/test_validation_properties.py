@@ -219,24 +219,29 @@ def test_any_answer_at_all_gets_a_verdict_never_an_exception(content: str) -> No
     assert verdict.outcome == "model_error" and verdict.error_class in {"broken_json", "schema_violation"}
 
 
+spans = st.fixed_dictionaries(
+    {"page": st.integers(-1, 4), "start": st.integers(-2, 80), "end": st.integers(-2, 80)}
+)
+
+
 @PROPERTIES
 @given(
     source_text=st.text(),
-    quotes=st.lists(st.text(min_size=1, max_size=60), min_size=4, max_size=4),
+    evidence=st.lists(spans, min_size=4, max_size=4),
     name=st.text(min_size=1, max_size=40).filter(str.strip),
 )
-def test_any_document_and_any_quotes_get_a_verdict_never_an_exception(
-    source_text: str, quotes: list[str], name: str
+def test_any_document_and_any_spans_get_a_verdict_never_an_exception(
+    source_text: str, evidence: list[dict[str, int]], name: str
 ) -> None:
     row = [(Decimal(2), Decimal("1.5"), Decimal(3))]
     answer = invoice("TRY", row, Decimal(3), Decimal(0), Decimal(3))
     answer["supplier"]["name"] = answer["lines"][0]["description"] = name
     pointers = ["/supplier/name", "/issue_date", "/lines/0/amount", "/currency"]
-    answer["evidence"] = dict(zip(pointers, quotes, strict=True))
+    answer["evidence"] = dict(zip(pointers, evidence, strict=True))
     verdict = judge_raw(json.dumps(answer), source_text=source_text)
     assert verdict.outcome in {"succeeded", "review_required", "model_error"}
     if verdict.outcome == "review_required":
-        assert {r.code for r in verdict.reasons} <= {"evidence_missing"}
+        assert {r.code for r in verdict.reasons} <= {"evidence_missing", "evidence_in_instruction"}
 
 
 def judge_raw(content: str, source_text: str) -> Verdict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,15 @@ SUPPLIER = MasterSupplier("1112223334", "Kuzey Ofis A.Ş.", IBAN, "TRY")
 
 def grouped(iban: str) -> str:
     return " ".join(iban[i : i + 4] for i in range(0, len(iban), 4))
+
+
+def span(source: str, quote: str, page: int = 1) -> dict[str, int]:
+    """The evidence span of the first place ``quote`` is printed on ``page`` (any whitespace between
+    its words), as a model answers it."""
+    pattern = r"\s+".join(re.escape(word) for word in quote.split())
+    match = re.search(pattern, source.split("\f")[page - 1])
+    assert match is not None, f"{quote!r} is not on page {page}"
+    return {"page": page, "start": match.start(), "end": match.end()}
 
 
 @dataclass
@@ -95,6 +105,7 @@ class Invoice:
             for name in ("description", "quantity", "unit_price", "amount"):
                 evidence[f"/lines/{index}/{name}"] = row
             evidence[f"/lines/{index}/tax_rate"] = "KDV %20"
+        source = self.source()
         return {
             "schema": "invoice.v1",
             "supplier": {"name": "Kuzey Ofis A.Ş.", "tax_id": self.tax_id, "iban": self.iban},
@@ -106,7 +117,7 @@ class Invoice:
             "subtotal": self.subtotal,
             "tax_total": self.tax_total,
             "total": self.total,
-            "evidence": evidence,
+            "evidence": {pointer: span(source, quote) for pointer, quote in evidence.items()},
         }
 
 
@@ -275,28 +286,30 @@ def test_a_document_naming_two_accounts_goes_to_review_even_when_the_model_picke
     assert verdict.reasons[0].detail == {"ibans": [IBAN, OTHER_IBAN]}
 
 
-def test_a_hallucinated_iban_with_an_invented_quote_never_succeeds() -> None:
-    # Given a model that answers a valid-checksum IBAN the document never states
+def test_a_hallucinated_iban_with_the_span_of_the_real_one_never_succeeds() -> None:
+    # Given a model that answers a valid-checksum IBAN the document never states, pointing at the
+    # payment line (which states another account)
     invoice = Invoice()
     answer = invoice.extraction()
     answer["supplier"]["iban"] = OTHER_IBAN
-    answer["evidence"]["/supplier/iban"] = f"IBAN: {grouped(OTHER_IBAN)}"
     verdict = judge(invoice, answer)
     assert verdict.outcome == "review_required"
     assert codes(verdict) == ["iban_mismatch", "evidence_missing"]
-    assert verdict.reasons[1].detail["problem"] == "quote_not_in_source"
+    missing = verdict.reasons[1]
+    assert missing.detail["problem"] == "value_not_in_span"
+    assert missing.detail["text"] == f"IBAN: {grouped(IBAN)}"
 
 
 def test_a_hallucinated_iban_is_caught_by_evidence_even_for_a_supplier_without_master_iban() -> None:
     invoice = Invoice(iban=None, tax_id="5550001112")
     answer = invoice.extraction()
     answer["supplier"]["iban"] = OTHER_IBAN
-    answer["evidence"]["/supplier/iban"] = "VKN: 5550001112"  # a real quote that does not say it
+    answer["evidence"]["/supplier/iban"] = span(invoice.source(), "VKN: 5550001112")  # does not say it
     verdict = judge(invoice, answer)
     assert verdict.outcome == "review_required"
     assert "evidence_missing" in codes(verdict)
     missing = next(r for r in verdict.reasons if r.code == "evidence_missing")
-    assert missing.field == "/supplier/iban" and missing.detail["problem"] == "value_not_in_quote"
+    assert missing.field == "/supplier/iban" and missing.detail["problem"] == "value_not_in_span"
 
 
 INJECTION = (
@@ -310,10 +323,15 @@ def test_a_model_obeying_an_injected_iban_instruction_never_succeeds() -> None:
     invoice = Invoice(trailer=INJECTION)
     answer = invoice.extraction()
     answer["supplier"]["iban"] = OTHER_IBAN
-    answer["evidence"]["/supplier/iban"] = grouped(OTHER_IBAN)  # the quote is really in the text
+    answer["evidence"]["/supplier/iban"] = span(invoice.source(), grouped(OTHER_IBAN))  # truly stated
     verdict = judge(invoice, answer)
     assert verdict.outcome == "review_required"
-    assert codes(verdict) == ["iban_mismatch", "iban_ambiguous"]
+    assert codes(verdict) == ["iban_mismatch", "iban_ambiguous", "evidence_in_instruction"]
+    # And the reason names the passage the span lies in
+    flagged = verdict.reasons[2]
+    assert flagged.field == "/supplier/iban"
+    assert flagged.detail["passage"]["marker"] == "NOTE TO THE AI"
+    assert flagged.detail["text"] == grouped(OTHER_IBAN)
 
 
 def test_an_injected_iban_instruction_sends_the_invoice_to_review_even_when_the_model_resists() -> None:
@@ -327,37 +345,37 @@ def test_an_injected_iban_for_an_unknown_supplier_never_succeeds() -> None:
     invoice = Invoice(trailer=INJECTION, tax_id="5550001112")
     answer = invoice.extraction()
     answer["supplier"]["iban"] = OTHER_IBAN
-    answer["evidence"]["/supplier/iban"] = grouped(OTHER_IBAN)
+    answer["evidence"]["/supplier/iban"] = span(invoice.source(), grouped(OTHER_IBAN))
     verdict = judge(invoice, answer)
-    assert codes(verdict) == ["supplier_unknown", "iban_ambiguous"]
+    assert codes(verdict) == ["supplier_unknown", "iban_ambiguous", "evidence_in_instruction"]
 
 
 # --- evidence ---------------------------------------------------------------------------------
 
 
-def test_a_field_without_an_evidence_quote_goes_to_review() -> None:
+def test_a_field_without_an_evidence_span_goes_to_review() -> None:
     invoice = Invoice()
     answer = invoice.extraction()
     del answer["evidence"]["/total"]
     verdict = judge(invoice, answer)
     assert codes(verdict) == ["evidence_missing"]
     assert verdict.reasons[0].field == "/total"
-    assert verdict.reasons[0].detail["problem"] == "no_quote"
+    assert verdict.reasons[0].detail["problem"] == "no_span"
 
 
-def test_a_quote_that_does_not_state_the_value_goes_to_review() -> None:
+def test_a_span_that_does_not_state_the_value_goes_to_review() -> None:
     invoice = Invoice()
     answer = invoice.extraction()
     answer["invoice_number"] = "KO-2026-18"
     verdict = judge(invoice, answer)
     assert codes(verdict) == ["evidence_missing"]
-    assert verdict.reasons[0].detail["problem"] == "value_not_in_quote"
+    assert verdict.reasons[0].detail["problem"] == "value_not_in_span"
 
 
-def test_a_quote_is_found_across_line_breaks_and_spacing() -> None:
+def test_a_span_may_cross_line_breaks() -> None:
     invoice = Invoice()
     answer = invoice.extraction()
-    answer["evidence"]["/supplier/tax_id"] = "KUZEY OFİS A.Ş.   VKN:\t1112223334"
+    answer["evidence"]["/supplier/tax_id"] = span(invoice.source(), "KUZEY OFİS A.Ş. VKN: 1112223334")
     assert judge(invoice, answer).outcome == "succeeded"
 
 
@@ -376,7 +394,7 @@ def test_a_quote_is_found_across_line_breaks_and_spacing() -> None:
 def test_a_number_is_found_in_either_decimal_convention(written: str, value: str, found: bool) -> None:
     invoice = Invoice(trailer=written + "\n")
     answer = invoice.extraction()
-    answer["evidence"]["/total"] = written
+    answer["evidence"]["/total"] = span(invoice.source(), written)
     answer["total"] = value
     verdict = judge(invoice, answer)
     assert (("evidence_missing", "/total") in [(r.code, r.field) for r in verdict.reasons]) is not found
@@ -399,7 +417,7 @@ def test_a_number_is_found_in_either_decimal_convention(written: str, value: str
 def test_a_date_is_found_by_its_parts(written: str, found: bool) -> None:
     invoice = Invoice(trailer=written + "\n")
     answer = invoice.extraction()
-    answer["evidence"]["/issue_date"] = written
+    answer["evidence"]["/issue_date"] = span(invoice.source(), written)
     verdict = judge(invoice, answer)
     assert (verdict.outcome == "succeeded") is found
 
@@ -407,9 +425,9 @@ def test_a_date_is_found_by_its_parts(written: str, found: bool) -> None:
 def test_a_currency_is_found_by_its_code_or_sign() -> None:
     invoice = Invoice(trailer="Toplam 48,00 ₺\n")
     answer = invoice.extraction()
-    answer["evidence"]["/currency"] = "48,00 ₺"
+    answer["evidence"]["/currency"] = span(invoice.source(), "48,00 ₺")
     assert judge(invoice, answer).outcome == "succeeded"
-    answer["evidence"]["/currency"] = "Toplam"
+    answer["evidence"]["/currency"] = span(invoice.source(), "Toplam")
     assert codes(judge(invoice, answer)) == ["evidence_missing"]
 
 

@@ -1,14 +1,17 @@
 """The validation policy over real sample invoices, with extractions written by hand.
 
 Each extraction below is what a careful reader (or a model that obeys an injected instruction)
-would produce from the sample text, evidence quotes copied from the file. The samples' master data
-is services/sandbox/samples/suppliers.csv and the tenant allows the default currencies.
+would produce from the sample text, its evidence written as the words copied from the file and
+answered as the span where the file prints them. The samples' master data is
+services/sandbox/samples/suppliers.csv and the tenant allows the default currencies.
 """
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +43,35 @@ def master_data() -> dict[str, MasterSupplier]:
     }
 
 
+def span(text: str, quote: str) -> dict[str, int]:
+    """The span of the first place ``quote`` is printed (any whitespace between its words)."""
+    pattern = r"\s+".join(re.escape(word) for word in quote.split())
+    pages = text.split("\f")
+    for page, page_text in enumerate(pages, start=1):
+        match = re.search(pattern, page_text)
+        if match is not None:
+            return {"page": page, "start": match.start(), "end": match.end()}
+    raise AssertionError(f"{quote!r} is not printed in the document")
+
+
+def answered(sample: str, extraction: dict[str, Any]) -> dict[str, Any]:
+    """The extraction as a model answers it: each quote of ``evidence`` as the span where it is printed."""
+    text = (SAMPLES / sample).read_text(encoding="utf-8")
+    answer = copy.deepcopy(extraction)
+    answer["evidence"] = {
+        pointer: span(text, quote) if isinstance(quote, str) else quote
+        for pointer, quote in extraction["evidence"].items()
+    }
+    return answer
+
+
 def judge(sample: str, extraction: dict[str, Any]) -> Verdict:
     context = ValidationContext(
         source_text=(SAMPLES / sample).read_text(encoding="utf-8"),
         allowed_currencies=DEFAULT_CURRENCIES,
         suppliers=master_data(),
     )
-    return validate(json.dumps(extraction, ensure_ascii=False), context)
+    return validate(json.dumps(answered(sample, extraction), ensure_ascii=False), context)
 
 
 def line(
@@ -128,7 +153,7 @@ def test_sample_01_read_faithfully_succeeds() -> None:
     extraction["evidence"].update({"/lines/1/unit_price": "1.250,00", "/lines/1/amount": "5.000,00"})
     verdict = judge("01_tr_kirtasiye_try.txt", extraction)
     assert verdict.outcome == "succeeded", [r.to_json() for r in verdict.reasons]
-    assert verdict.result == extraction
+    assert verdict.result == answered("01_tr_kirtasiye_try.txt", extraction)
 
 
 def test_sample_01_with_one_amount_misread_goes_to_review() -> None:
@@ -176,16 +201,24 @@ def test_sample_08_read_faithfully_still_goes_to_review_because_it_names_a_secon
 
 
 @pytest.mark.parametrize(
-    "quote", ["TR33 0006 1005 1978 6457 8413 26", "IBAN TR33 0006 1005 1978 6457 8413 26"]
+    ("quote", "evidence_reason"),
+    [
+        ("TR33 0006 1005 1978 6457 8413 26", "evidence_in_instruction"),  # where the note states it
+        ("Ödeme: IBAN TR71 0006 2000 0100 0000 1234 56", "evidence_missing"),  # the payment line
+    ],
 )
-def test_sample_08_read_by_a_model_that_obeys_the_injection_never_succeeds(quote: str) -> None:
-    # Given a model that reports the IBAN the injected note asks for (with or without a true quote)
+def test_sample_08_read_by_a_model_that_obeys_the_injection_never_succeeds(
+    quote: str, evidence_reason: str
+) -> None:
+    # Given a model that reports the IBAN the injected note asks for, pointing at the note or at
+    # the payment line
     extraction = sample_08()
     extraction["supplier"]["iban"] = INJECTED_IBAN
     extraction["evidence"]["/supplier/iban"] = quote
     verdict = judge("08_review_injected_instruction_try.txt", extraction)
+    # Then it goes to review for the IBAN, and for where its evidence lies
     assert verdict.outcome == "review_required"
-    assert {"iban_mismatch", "iban_ambiguous"} <= {r.code for r in verdict.reasons}
+    assert {"iban_mismatch", "iban_ambiguous", evidence_reason} <= {r.code for r in verdict.reasons}
 
 
 def test_the_sample_manifest_expects_only_reason_codes_the_policy_can_give() -> None:

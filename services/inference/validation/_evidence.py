@@ -1,9 +1,13 @@
-"""The evidence rule: every extracted value must be re-found in the document the model read.
+"""The evidence rules: every extracted value must be re-found where the model says it read it.
 
-A model can invent a value and a quote for it, so the quote is not trusted either (seed 000 §4):
-it must occur in the source text (whitespace and Unicode compatibility forms normalized), and it
-must contain the value in one of the forms a document writes it in. Each non-null scalar field
-that fails gets one ``evidence_missing`` reason naming the field and the problem.
+The model answers a ``{page, start, end}`` span per field (see ``_spans``), and the span is not
+trusted either (seed 000 §4): it must name characters that exist in the stored document, be about
+one value wide, and its text must state the value in one of the forms a document writes it in (a
+number parsed from it equals the field, names and numbers case-, accent- and whitespace-blind).
+Each non-null scalar field that fails gets one ``evidence_missing`` reason naming the field and
+the problem. A span that reaches into a passage addressed to the model (see ``_instructions``)
+gets ``evidence_in_instruction``: the value may have been dictated to the model, not stated by the
+invoice. Both reasons carry the span, so a reviewer can be shown the very characters.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from datetime import date
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from ._instructions import instruction_passages
 from ._model import Reason
 from ._parties import compact_iban, normalize_tax_id
+from ._spans import resolve_span, span_problem, spans_overlap, split_pages
 
 _SPACE = re.compile(r"\s+")
 _NUMBER = re.compile(r"\d+(?:[.,'\u2019\u00a0\u202f]\d+)*")
@@ -91,34 +97,34 @@ def _grouped(token: str) -> bool:
     return 1 <= len(head) <= 3 and all(len(g) == 3 for g in groups)
 
 
-def _number_in(value: str, quote: str, *, rate: bool = False) -> bool:
+def _number_in(value: str, text: str, *, rate: bool = False) -> bool:
     try:
         wanted = abs(Decimal(value))
     except InvalidOperation:
         return False
     # A rate may be written as a fraction ("0.20") for a percent the document states ("%20").
     targets = {wanted, wanted * 100} if rate else {wanted}
-    return not targets.isdisjoint(number_readings(quote))
+    return not targets.isdisjoint(number_readings(text))
 
 
-def _date_in(value: str, quote: str) -> bool:
+def _date_in(value: str, text: str) -> bool:
     try:
         day = date.fromisoformat(value)
     except ValueError:
         return False
-    numbers = [int(d) for d in _DIGITS.findall(quote) if len(d) <= 4]
+    numbers = [int(d) for d in _DIGITS.findall(text) if len(d) <= 4]
     year_ok = day.year in numbers or any(
-        len(d) == 2 and int(d) == day.year % 100 for d in _DIGITS.findall(quote)
+        len(d) == 2 and int(d) == day.year % 100 for d in _DIGITS.findall(text)
     )
-    words = _WORD.findall(skeleton(quote))
+    words = _WORD.findall(skeleton(text))
     month_ok = day.month in numbers or any(
         len(w) >= 3 and name.startswith(w) for w in words for name in MONTHS[day.month - 1]
     )
     return year_ok and month_ok and day.day in numbers
 
 
-def _currency_in(value: str, quote: str) -> bool:
-    folded = skeleton(quote)
+def _currency_in(value: str, text: str) -> bool:
+    folded = skeleton(text)
     words = set(_WORD.findall(folded))
     if value.casefold() in words:
         return True
@@ -127,16 +133,16 @@ def _currency_in(value: str, quote: str) -> bool:
     return any((sign in words) if sign.isascii() and sign.isalpha() else (sign in folded) for sign in signs)
 
 
-def _text_in(value: str, quote: str) -> bool:
-    return skeleton(value) in skeleton(quote)
+def _text_in(value: str, text: str) -> bool:
+    return skeleton(value) in skeleton(text)
 
 
-def _tax_id_in(value: str, quote: str) -> bool:
-    return normalize_tax_id(value) in normalize_tax_id(quote)
+def _tax_id_in(value: str, text: str) -> bool:
+    return normalize_tax_id(value) in normalize_tax_id(text)
 
 
-def _iban_in(value: str, quote: str) -> bool:
-    return compact_iban(value) in compact_iban(quote)
+def _iban_in(value: str, text: str) -> bool:
+    return compact_iban(value) in compact_iban(text)
 
 
 Matcher = Callable[[str, str], bool]
@@ -145,12 +151,12 @@ _LINE_FIELDS: tuple[tuple[str, Matcher], ...] = (
     ("quantity", _number_in),
     ("unit_price", _number_in),
     ("amount", _number_in),
-    ("tax_rate", lambda value, quote: _number_in(value, quote, rate=True)),
+    ("tax_rate", lambda value, text: _number_in(value, text, rate=True)),
 )
 
 
 def scalar_fields(invoice: Mapping[str, Any]) -> Iterator[tuple[str, Any, Matcher]]:
-    """(JSON Pointer, value, how to find the value in a quote) for every scalar field."""
+    """(JSON Pointer, value, how to find the value in a span's text) for every scalar field."""
     supplier = invoice["supplier"]
     yield "/supplier/name", supplier["name"], _text_in
     yield "/supplier/tax_id", supplier["tax_id"], _tax_id_in
@@ -166,33 +172,71 @@ def scalar_fields(invoice: Mapping[str, Any]) -> Iterator[tuple[str, Any, Matche
         yield f"/{name}", invoice[name], _number_in
 
 
+# A span is evidence for one value: the value and the words beside it on its line (a label, a
+# currency), never a paragraph or a page, which would "contain" any value asked about.
+SPAN_SLACK_CHARS = 64
+
+
 def evidence_reasons(invoice: Mapping[str, Any], source_text: str) -> list[Reason]:
-    evidence: Mapping[str, str] = invoice["evidence"]
-    source = normalize_space(source_text)
+    """``evidence_missing`` and ``evidence_in_instruction``, field by field in document order."""
+    evidence: Mapping[str, Mapping[str, Any]] = invoice["evidence"]
+    pages = split_pages(source_text)
+    passages = instruction_passages(pages)
     reasons: list[Reason] = []
-    in_source: dict[str, bool] = {}
     for pointer, value, matcher in scalar_fields(invoice):
         if value is None:
             continue
-        quote = evidence.get(pointer)
-        if quote is None:
-            problem = "no_quote"
-            message = f"{pointer} has no evidence quote"
-        elif not _found(normalize_space(quote), source, in_source):
-            problem = "quote_not_in_source"
-            message = f"the evidence quote of {pointer} is not in the document"
-        elif not matcher(str(value), quote):
-            problem = "value_not_in_quote"
-            message = f"the evidence quote of {pointer} does not state {value}"
-        else:
+        span = evidence.get(pointer)
+        if span is None:
+            missing = {"problem": "no_span", "value": value, "span": None, "text": None}
+            reasons.append(Reason("evidence_missing", pointer, f"{pointer} has no evidence span", missing))
             continue
-        detail = {"problem": problem, "value": value, "quote": quote}
-        reasons.append(Reason("evidence_missing", pointer, message, detail))
+        text = resolve_span(pages, span)
+        unsupported = _unsupported(pointer, value, matcher, pages, span, text)
+        if unsupported is not None:
+            reasons.append(unsupported)
+        if text is None:
+            continue
+        where = (span["page"], span["start"], span["end"])
+        passage = next((p for p in passages if spans_overlap(where, p.range)), None)
+        if passage is not None:
+            message = (
+                f"the evidence of {pointer} ({_place(span)}) lies in a passage addressed to the model "
+                f'(page {passage.page}, characters {passage.start}-{passage.end}: "{passage.marker}"): '
+                "the value may have been dictated to the model rather than stated by the invoice"
+            )
+            detail = {"value": value, "span": dict(span), "text": text, "passage": passage.to_json()}
+            reasons.append(Reason("evidence_in_instruction", pointer, message, detail))
     return reasons
 
 
-def _found(quote: str, source: str, seen: dict[str, bool]) -> bool:
-    # Row quotes repeat for every field of a line; each is searched in the document only once.
-    if quote not in seen:
-        seen[quote] = quote in source
-    return seen[quote]
+def _unsupported(
+    pointer: str, value: Any, matcher: Matcher, pages: list[str], span: Mapping[str, Any], text: str | None
+) -> Reason | None:
+    """The ``evidence_missing`` reason when the span (resolved to ``text``) does not support the
+    value, else None."""
+    if text is None:
+        problem = "span_out_of_range"
+        message = f"the evidence span of {pointer} names no text: {span_problem(pages, span)}"
+    elif len(normalize_space(text)) > len(normalize_space(str(value))) + SPAN_SLACK_CHARS:
+        problem = "span_too_wide"
+        message = (
+            f"the evidence span of {pointer} ({_place(span)}) is {len(text)} characters long; "
+            "evidence for one value is that value and the words beside it"
+        )
+    elif not matcher(str(value), text):
+        problem = "value_not_in_span"
+        message = f'the evidence span of {pointer} ({_place(span)}: "{_clip(text)}") does not state {value}'
+    else:
+        return None
+    detail = {"problem": problem, "value": value, "span": dict(span), "text": text}
+    return Reason("evidence_missing", pointer, message, detail)
+
+
+def _place(span: Mapping[str, Any]) -> str:
+    return f"page {span['page']}, characters {span['start']}-{span['end']}"
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    flat = normalize_space(text)
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 # Bump whenever a rule, a tolerance or the schema changes what a result may be: the version is
 # stored with every result, so a reviewer can tell which rules judged it.
-POLICY_VERSION = "invoice-policy.v1"
+POLICY_VERSION = "invoice-policy.v2"  # v2: evidence is a {page, start, end} span
 
 Outcome = Literal["succeeded", "review_required", "model_error"]
 ModelErrorClass = Literal["broken_json", "schema_violation", "too_large"]
@@ -29,7 +29,7 @@ class MasterSupplier:
 class ValidationContext:
     """Everything the rules compare a result against; built by the worker from the database."""
 
-    source_text: str  # the document text the model read
+    source_text: str  # the document text the model read: its pages separated by form feeds
     allowed_currencies: frozenset[str]  # the tenant's
     suppliers: Mapping[str, MasterSupplier]  # keyed by normalize_tax_id(tax_id)
 
