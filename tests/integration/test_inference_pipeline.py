@@ -16,6 +16,7 @@ from fix_amqp import AMQP_URL
 from fix_pipeline import TERMINAL, Pipeline, StartPipeline
 from services.common.broker import make_broker
 from services.common.settings import CommonSettings
+from services.inference.validation import resolve_span
 from services.sandbox.samples import SAMPLES_DIR, load_samples
 
 
@@ -48,6 +49,9 @@ def test_every_sample_invoice_ends_in_its_expected_state_with_its_reasons(pipe: 
         assert job["attempt"] == 1
         assert job["result"]["schema"] == "invoice.v1"
         assert job["policy_version"]
+        # the stored result keeps its evidence as spans into the stored text
+        for pointer, span in job["result"]["evidence"].items():
+            assert resolve_span(sample.text, span), (sample.filename, pointer, span)
         if sample.expect == "REVIEW_REQUIRED":
             codes = {reason["code"] for reason in job["review_reasons"]}
             assert expected_reasons[sample.filename] <= codes, (sample.filename, codes)
@@ -60,6 +64,7 @@ def test_every_sample_invoice_ends_in_its_expected_state_with_its_reasons(pipe: 
     assert body["done"] is True
     assert body["result"]["currency"] == "TRY"
     assert body["policy_version"]
+    assert resolve_span(samples[0].text, body["result"]["evidence"]["/total"]) == "12.540,00"
 
 
 def _publish_raw(queue: str, body: bytes) -> None:
@@ -274,4 +279,10 @@ def test_a_model_that_invents_or_obeys_the_document_never_reaches_succeeded(
         job = pipe.wait_state(job_id, TERMINAL)
         assert job["state"] == "REVIEW_REQUIRED"
         codes = {reason["code"] for reason in job["review_reasons"]}
-        assert codes & {"iban_mismatch", "iban_checksum", "evidence_missing", "iban_ambiguous"}
+        assert codes & {
+            "iban_mismatch",
+            "iban_checksum",
+            "evidence_missing",
+            "iban_ambiguous",
+            "evidence_in_instruction",
+        }

@@ -18,6 +18,7 @@ from stdnum import iban as stdnum_iban
 
 from fix_processes import ServiceProcess, SpawnFn, free_port
 from services.inference.prompt import build_messages
+from services.inference.validation import resolve_span
 from services.sandbox.provider.extract import extract
 from services.sandbox.samples import load_samples
 
@@ -299,7 +300,8 @@ def test_hallucinated_iban_is_schema_valid_but_not_in_the_text(sim: ServiceProce
     result = json.loads(answer.choices[0].message.content or "")
     assert stdnum_iban.is_valid(result["supplier"]["iban"])
     assert result["supplier"]["iban"] not in sample.text.replace(" ", "")
-    assert result["evidence"]["/supplier/iban"] not in sample.text
+    pointed = resolve_span(sample.text, result["evidence"]["/supplier/iban"])  # a made-up span
+    assert pointed is not None and result["supplier"]["iban"] not in pointed.replace(" ", "")
     assert extract(sample.text)["supplier"]["iban"] is None  # the honest answer has none
 
 
@@ -309,9 +311,10 @@ def test_obey_injection_reports_the_iban_the_injected_text_asks_for(sim: Service
     client = client_for(sim)
     obeyed = client.chat.completions.create(model=MODEL, messages=build_messages(sample.text))
     honest = client.chat.completions.create(model=MODEL, messages=build_messages(sample.text))
-    assert (
-        json.loads(obeyed.choices[0].message.content or "")["supplier"]["iban"]
-        == "TR330006100519786457841326"
+    obeyed_result = json.loads(obeyed.choices[0].message.content or "")
+    assert obeyed_result["supplier"]["iban"] == "TR330006100519786457841326"
+    assert resolve_span(sample.text, obeyed_result["evidence"]["/supplier/iban"]) == (
+        "TR33 0006 1005 1978 6457 8413 26"
     )
     assert (
         json.loads(honest.choices[0].message.content or "")["supplier"]["iban"]

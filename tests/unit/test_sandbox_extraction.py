@@ -1,7 +1,8 @@
 """The simulated provider's rule-based extraction, read against every sample invoice.
 
-Given a sample's text, when the simulator extracts it, then the answer is invoice.v1, every quote
-is an exact piece of the text, and the numbers are the ones the document states (right or wrong).
+Given a sample's text, when the simulator extracts it, then the answer is invoice.v1, every
+evidence span names the piece of the text its value was read from, and the numbers are the ones the
+document states (right or wrong).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import pytest
 from jsonschema import Draft202012Validator
 from stdnum import iban as stdnum_iban
 
+from services.inference.validation import instruction_passages, resolve_span, split_pages
+from services.inference.validation._evidence import evidence_reasons
 from services.sandbox.provider.extract import extract
 from services.sandbox.provider.faults import broken_json, hallucinate_iban, obey_injection
 from services.sandbox.provider.numbers import detect_style, find_date, parse_number
@@ -74,18 +77,34 @@ def test_there_are_at_least_thirteen_samples_and_each_is_described() -> None:
 
 
 @pytest.mark.parametrize("filename", sorted(STATED))
-def test_every_sample_extracts_to_schema_valid_invoice_with_exact_quotes(filename: str) -> None:
+def test_every_sample_extracts_to_schema_valid_invoice_with_spans_stating_each_value(filename: str) -> None:
     # Given a sample invoice, when the simulator extracts it
     text = SAMPLES[filename].text
     result = extract(text)
 
     # Then the answer is invoice.v1
     assert sorted(VALIDATOR.iter_errors(result), key=str) == []
-    # And every non-null scalar field has a quote, and every quote is an exact piece of the text
+    # And every non-null scalar field has a span, and every span names text that states its value
     fields = {p: v for p, v in _scalars(result).items() if v is not None and p != "/schema"}
     assert sorted(result["evidence"]) == sorted(fields)
-    for pointer, quote in result["evidence"].items():
-        assert quote in text, f"{pointer}: {quote!r} is not in the document"
+    for pointer, span in result["evidence"].items():
+        assert resolve_span(text, span), f"{pointer}: {span} names no text"
+    assert [r.to_json() for r in evidence_reasons(result, text) if r.code == "evidence_missing"] == []
+
+
+def _read(text: str, result: dict[str, Any], pointer: str) -> str | None:
+    return resolve_span(text, result["evidence"][pointer])
+
+
+def test_spans_on_later_pages_count_from_the_start_of_their_page() -> None:
+    # Given a three-page invoice whose totals are on its last page
+    text = SAMPLES["13_us_lab_three_pages_usd.txt"].text
+    result = extract(text)
+    # Then the total's span names page 3, with offsets into that page's text
+    total = result["evidence"]["/total"]
+    assert total["page"] == 3
+    assert split_pages(text)[2][total["start"] : total["end"]] == "3,855.02"
+    assert {span["page"] for span in result["evidence"].values()} == {1, 2, 3}
 
 
 @pytest.mark.parametrize("filename", sorted(STATED))
@@ -102,11 +121,12 @@ def test_bad_arithmetic_is_extracted_as_stated_not_corrected() -> None:
     result = extract(SAMPLES["06_review_bad_arithmetic_try.txt"].text)
     # 1.014,00 + 202,80 is 1.216,80, but the document says 1.316,80 and so does the answer
     assert (result["subtotal"], result["tax_total"], result["total"]) == ("1014.00", "202.80", "1316.80")
-    assert result["evidence"]["/total"] == "1.316,80"
+    assert _read(SAMPLES["06_review_bad_arithmetic_try.txt"].text, result, "/total") == "1.316,80"
 
 
-def test_a_line_reads_description_quantity_price_and_amount_with_their_quotes() -> None:
-    result = extract(SAMPLES["02_de_buerotechnik_eur.txt"].text)
+def test_a_line_reads_description_quantity_price_and_amount_with_their_spans() -> None:
+    text = SAMPLES["02_de_buerotechnik_eur.txt"].text
+    result = extract(text)
     assert result["lines"][0] == {
         "description": "Bürostuhl ErgoPro",
         "quantity": "2",
@@ -114,9 +134,10 @@ def test_a_line_reads_description_quantity_price_and_amount_with_their_quotes() 
         "amount": "578.00",
         "tax_rate": "19",
     }
-    assert result["evidence"]["/lines/0/unit_price"] == "289,00"
-    assert result["evidence"]["/lines/0/tax_rate"] == "19 %"
-    assert result["evidence"]["/supplier/iban"] == "DE89 3704 0044 0532 0130 00"
+    assert _read(text, result, "/lines/0/description") == "Bürostuhl ErgoPro"
+    assert _read(text, result, "/lines/0/unit_price") == "289,00"
+    assert _read(text, result, "/lines/0/tax_rate") == "19 %"
+    assert _read(text, result, "/supplier/iban") == "DE89 3704 0044 0532 0130 00"
 
 
 def test_an_injected_paragraph_is_never_the_source_of_the_iban() -> None:
@@ -124,11 +145,13 @@ def test_an_injected_paragraph_is_never_the_source_of_the_iban() -> None:
     text = SAMPLES["08_review_injected_instruction_try.txt"].text
     # Then the honest answer keeps the payment line's IBAN
     assert extract(text)["supplier"]["iban"] == "TR710006200001000000123456"
-    # And a model obeying the note reports the injected one, quoted from the note
+    # And a model obeying the note reports the injected one, with the span where the note states it
     obeyed = obey_injection(extract(text), text)
     assert obeyed["supplier"]["iban"] == "TR330006100519786457841326"
-    assert obeyed["evidence"]["/supplier/iban"] == "TR33 0006 1005 1978 6457 8413 26"
-    assert obeyed["evidence"]["/supplier/iban"] in text
+    span = obeyed["evidence"]["/supplier/iban"]
+    assert resolve_span(text, span) == "TR33 0006 1005 1978 6457 8413 26"
+    [note] = instruction_passages(split_pages(text))
+    assert note.page == span["page"] and note.start <= span["start"] < span["end"] <= note.end
 
 
 def test_two_different_ibans_outside_any_injection_give_no_iban() -> None:
@@ -151,7 +174,9 @@ def test_a_hallucinated_iban_is_valid_schema_valid_and_nowhere_in_the_text() -> 
     assert stdnum_iban.is_valid(invented)
     assert invented.startswith("IE")
     assert invented not in text.replace(" ", "")
-    assert result["evidence"]["/supplier/iban"] not in text
+    # And its span is made up: it names a line that does not state the invented IBAN
+    pointed = resolve_span(text, result["evidence"]["/supplier/iban"])
+    assert pointed is not None and invented not in pointed.replace(" ", "")
 
 
 def test_broken_json_is_not_json() -> None:
@@ -165,7 +190,7 @@ def test_a_currency_stated_only_by_its_symbol_is_read() -> None:
     text += "Brot       3     2,50 €     7,50 €\n\n"
     text += "Nettobetrag:   7,50 €\nMwSt. 7 %:   0,53 €\nGesamtbetrag:   8,03 €\n"
     result = extract(text)
-    assert (result["currency"], result["evidence"]["/currency"]) == ("EUR", "€")
+    assert (result["currency"], _read(text, result, "/currency")) == ("EUR", "€")
     assert (result["subtotal"], result["tax_total"], result["total"]) == ("7.50", "0.53", "8.03")
 
 
@@ -213,4 +238,4 @@ def test_the_number_style_is_decided_by_the_document_not_by_one_token() -> None:
 def test_dates_read_in_every_layout(text: str, iso: str) -> None:
     found = find_date(f"Date: {text} ")
     assert found is not None
-    assert (found[0].isoformat(), found[1]) == (iso, text)
+    assert (found.value.isoformat(), found.quote, found.start) == (iso, text, len("Date: "))

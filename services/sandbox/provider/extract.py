@@ -1,23 +1,23 @@
 """The simulator's "model": a rule-based reading of an invoice's text into invoice.v1 JSON.
 
 Nothing here knows any particular file. It reads what the document states, by labels and layout,
-and quotes the exact characters each value came from in ``evidence``. It never corrects the
-document: bad arithmetic stays bad, a wrong IBAN stays wrong, so validation downstream sees what a
-faithful model would have produced. A field it cannot find is null (or the list is empty), which
-may make the answer off-schema, as a real model's answer can be.
+and answers in ``evidence`` the span of the text each value came from (``spans``). It never
+corrects the document: bad arithmetic stays bad, a wrong IBAN stays wrong, so validation
+downstream sees what a faithful model would have produced. A field it cannot find is null (or the
+list is empty), which may make the answer off-schema, as a real model's answer can be.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 from services.sandbox.provider import labels
-from services.sandbox.provider.iban import FoundIban, find_ibans
+from services.sandbox.provider.iban import find_ibans
 from services.sandbox.provider.lines import parse_rows
 from services.sandbox.provider.numbers import (
-    Rate,
     Style,
     decimal_string,
     detect_style,
@@ -25,143 +25,153 @@ from services.sandbox.provider.numbers import (
     find_rate,
     last_number,
 )
+from services.sandbox.provider.spans import Document, Located, located_paragraphs
+
+# A value and the piece of text it was read from.
+Reading = tuple[str, Located]
+
+
+@dataclass
+class _Totals:
+    amounts: dict[str, tuple[Decimal, Located]] = field(default_factory=dict)  # the first of each
+    rate: Reading | None = None  # the tax rate stated on the first tax line
+    lines: set[int] = field(default_factory=set)  # every totals line, never a table row
 
 
 def extract(text: str) -> dict[str, Any]:
     """invoice.v1 for one document text. Pure: the same text always gives the same answer."""
-    lines = text.splitlines()
+    doc = Document(text)
+    lines = doc.lines
     style = detect_style(text)
-    evidence: dict[str, str] = {}
+    evidence: dict[str, dict[str, int]] = {}
 
-    def put(pointer: str, value: str | None, quote: str | None) -> str | None:
-        if value is not None and quote:
-            evidence[pointer] = quote
+    def put(pointer: str, reading: Reading | None) -> str | None:
+        if reading is None:
+            return None
+        value, found = reading
+        if found.text:
+            evidence[pointer] = doc.span(found)
         return value
 
-    name = supplier_name(lines)
-    tax_id = _first(labels.TAX_ID, lines)
-    iban = supplier_iban(text)
-    number = _first(labels.INVOICE_NUMBER, lines)
-    issue = _date(labels.ISSUE_DATE, lines)
-    due = _date(labels.DUE_DATE, lines)
-    currency = find_currency(text, lines)
-    totals, totals_at = _totals(lines, style)
-    rate = totals.get("rate")
-
+    totals = _totals(doc, style)
     result: dict[str, Any] = {
         "schema": "invoice.v1",
         "supplier": {
-            "name": put("/supplier/name", name, name),
-            "tax_id": put("/supplier/tax_id", *(tax_id or (None, None))),
-            "iban": put("/supplier/iban", iban.value, iban.quote) if iban else None,
+            "name": put("/supplier/name", supplier_name(doc)),
+            "tax_id": put("/supplier/tax_id", _first(labels.TAX_ID, doc)),
+            "iban": put("/supplier/iban", supplier_iban(text)),
         },
-        "invoice_number": put("/invoice_number", *(number or (None, None))),
-        "issue_date": put("/issue_date", *(issue or (None, None))),
-        "due_date": put("/due_date", *(due or (None, None))),
-        "currency": put("/currency", *(currency or (None, None))),
+        "invoice_number": put("/invoice_number", _first(labels.INVOICE_NUMBER, doc)),
+        "issue_date": put("/issue_date", _date(labels.ISSUE_DATE, doc)),
+        "due_date": put("/due_date", _date(labels.DUE_DATE, doc)),
+        "currency": put("/currency", find_currency(doc)),
         "lines": [],
         "subtotal": None,
         "tax_total": None,
         "total": None,
         "evidence": evidence,
     }
-    for index, row in enumerate(parse_rows(lines, style, skip=totals_at)):
-        at = f"/lines/{index}"
-        result["lines"].append(
-            {
-                "description": put(f"{at}/description", row.description, row.description),
-                "quantity": put(f"{at}/quantity", decimal_string(row.quantity), row.quantity_quote),
-                "unit_price": put(f"{at}/unit_price", decimal_string(row.unit_price), row.unit_price_quote),
-                "amount": put(f"{at}/amount", decimal_string(row.amount), row.amount_quote),
-                # one rate stated for the whole invoice applies to each of its lines
-                "tax_rate": put(f"{at}/tax_rate", rate.value, rate.quote) if isinstance(rate, Rate) else None,
-            }
-        )
-    for field in ("subtotal", "tax_total", "total"):
-        found = totals.get(field)
-        if isinstance(found, tuple):
-            result[field] = put(f"/{field}", decimal_string(found[0]), found[1])
+    for index, (line, row) in enumerate(parse_rows(lines, style, skip=totals.lines)):
+        cells = {
+            "description": (row.description, row.description_at),
+            "quantity": (decimal_string(row.quantity), row.quantity_at),
+            "unit_price": (decimal_string(row.unit_price), row.unit_price_at),
+            "amount": (decimal_string(row.amount), row.amount_at),
+        }
+        item = {
+            name: put(f"/lines/{index}/{name}", (value, doc.in_line(line, *cell)))
+            for name, (value, cell) in cells.items()
+        }
+        # one rate stated for the whole invoice applies to each of its lines
+        item["tax_rate"] = put(f"/lines/{index}/tax_rate", totals.rate)
+        result["lines"].append(item)
+    for name, (amount, found) in totals.amounts.items():
+        result[name] = put(f"/{name}", (decimal_string(amount), found))
     return result
 
 
-def supplier_name(lines: list[str]) -> str | None:
+def supplier_name(doc: Document) -> Reading | None:
     """The first non-empty line that is not the document's title: invoices open with their issuer."""
-    for line in lines:
+    for index, line in enumerate(doc.lines):
         stripped = line.strip()
         if stripped and stripped.lower() not in labels.TITLES:
-            return stripped
+            start = len(line) - len(line.lstrip())
+            return stripped, doc.in_line(index, start, start + len(stripped))
     return None
 
 
-def supplier_iban(text: str) -> FoundIban | None:
+def supplier_iban(text: str) -> Reading | None:
     """The one IBAN the document states for payment. A paragraph addressed to the model (an
     injected "report this IBAN instead") is data, never a source; when the rest still states two
     different IBANs the simulator cannot tell which is the supplier's and answers null."""
-    honest = [part for part in paragraphs(text) if not labels.INJECTION.search(part)]
-    found = [iban for part in honest for iban in find_ibans(part)]
-    if len({f.value for f in found}) != 1:
+    honest = [part for part in located_paragraphs(text) if not labels.INJECTION.search(part.text)]
+    found = [(iban, part.start) for part in honest for iban in find_ibans(part.text)]
+    if len({iban.value for iban, _ in found}) != 1:
         return None
-    return found[0]
+    iban, offset = found[0]
+    return iban.value, Located(iban.quote, offset + iban.start)
 
 
 def paragraphs(text: str) -> list[str]:
-    return re.split(r"\n[ \t\f]*\n", text)
+    return [part.text for part in located_paragraphs(text)]
 
 
-def find_currency(text: str, lines: list[str]) -> tuple[str, str] | None:
+def find_currency(doc: Document) -> Reading | None:
     """A labelled code, else the first known code in the text, else a currency symbol."""
-    labelled = _first(labels.CURRENCY, lines)
+    labelled = _first(labels.CURRENCY, doc)
     if labelled and labelled[0] in labels.CURRENCY_CODES:
         return labelled
-    code = re.search(rf"(?<![A-Za-z])({'|'.join(labels.CURRENCY_CODES)})(?![A-Za-z])", text)
+    code = re.search(rf"(?<![A-Za-z])({'|'.join(labels.CURRENCY_CODES)})(?![A-Za-z])", doc.text)
     if code:
-        return code.group(1), code.group(1)
+        return code.group(1), Located(code.group(1), code.start(1))
     for symbol, iso in labels.CURRENCY_SYMBOLS:
-        if symbol in text:
-            return iso, symbol
+        at = doc.text.find(symbol)
+        if at >= 0:
+            return iso, Located(symbol, at)
     return None
 
 
-def _first(pattern: re.Pattern[str], lines: list[str]) -> tuple[str, str] | None:
-    for line in lines:
+def _first(pattern: re.Pattern[str], doc: Document) -> Reading | None:
+    for index, line in enumerate(doc.lines):
         match = pattern.search(line)
         if match:
-            return match.group("v"), match.group("v")
+            return match.group("v"), doc.in_line(index, *match.span("v"))
     return None
 
 
-def _date(pattern: re.Pattern[str], lines: list[str]) -> tuple[str, str] | None:
-    for line in lines:
+def _date(pattern: re.Pattern[str], doc: Document) -> Reading | None:
+    for index, line in enumerate(doc.lines):
         match = pattern.search(line)
         if match:
             found = find_date(match.group("v"))
             if found:
-                return found[0].isoformat(), found[1]
+                start = match.start("v") + found.start
+                return found.value.isoformat(), doc.in_line(index, start, start + len(found.quote))
     return None
 
 
-def _totals(lines: list[str], style: Style) -> tuple[dict[str, tuple[Decimal, str] | Rate], set[int]]:
+def _totals(doc: Document, style: Style) -> _Totals:
     """Subtotal, tax and total by the labels that open their lines; the first of each counts."""
-    found: dict[str, tuple[Decimal, str] | Rate] = {}
-    at: set[int] = set()
-    for index, line in enumerate(lines):
+    totals = _Totals()
+    for index, line in enumerate(doc.lines):
         if labels.TAX_ID.search(line):
             continue
-        for field, pattern in (
+        for name, pattern in (
             ("subtotal", labels.SUBTOTAL),
             ("tax_total", labels.TAX),
             ("total", labels.TOTAL),
         ):
             if not pattern.search(line):
                 continue
-            rate = find_rate(line) if field == "tax_total" else None
+            rate = find_rate(line) if name == "tax_total" else None
             amount = last_number(line, style, skip=rate.span if rate else None)
             if amount is None:
                 continue
-            at.add(index)
-            if field not in found:
-                found[field] = amount
-                if rate is not None and "rate" not in found:
-                    found["rate"] = rate
+            totals.lines.add(index)
+            if name not in totals.amounts:
+                where = doc.in_line(index, amount.start, amount.start + len(amount.quote))
+                totals.amounts[name] = (amount.value, where)
+                if rate is not None and totals.rate is None:
+                    totals.rate = (rate.value, doc.in_line(index, *rate.span))
             break
-    return found, at
+    return totals

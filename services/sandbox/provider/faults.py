@@ -15,9 +15,9 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from services.sandbox.provider.extract import paragraphs
-from services.sandbox.provider.iban import TEMPLATES, find_ibans, grouped, make_iban
+from services.sandbox.provider.iban import TEMPLATES, find_ibans, make_iban
 from services.sandbox.provider.labels import INJECTION
+from services.sandbox.provider.spans import Document, Located, located_paragraphs
 
 MODES = (
     "none",
@@ -136,7 +136,7 @@ def broken_json(content: str) -> str:
 
 def hallucinate_iban(result: dict[str, Any], text: str) -> dict[str, Any]:
     """The same answer with an invented, checksum-valid IBAN that the text does not contain, and a
-    made-up quote for it: schema-valid, and wrong."""
+    made-up span for it: schema-valid, and wrong."""
     changed = copy.deepcopy(result)
     country = (result["supplier"].get("iban") or result["supplier"].get("tax_id") or "")[:2]
     if country not in TEMPLATES:
@@ -148,21 +148,35 @@ def hallucinate_iban(result: dict[str, Any], text: str) -> dict[str, Any]:
         seed = hashlib.sha256(seed.encode()).hexdigest()
         iban = make_iban(country, seed)
     changed["supplier"]["iban"] = iban
-    changed["evidence"]["/supplier/iban"] = f"IBAN: {grouped(iban)}"
+    changed["evidence"]["/supplier/iban"] = _made_up_span(Document(text))
     return changed
+
+
+def _made_up_span(doc: Document) -> dict[str, int]:
+    """Where a model inventing an IBAN may say it read it: the first line naming an IBAN, else the
+    first line with any text. That line never states the invented IBAN."""
+    filled = [i for i, line in enumerate(doc.lines) if line.strip()]
+    if not filled:
+        return {"page": 1, "start": 0, "end": 1}
+    index = next((i for i in filled if "iban" in doc.lines[i].lower()), filled[0])
+    line = doc.lines[index]
+    start = len(line) - len(line.lstrip())
+    return doc.span(doc.in_line(index, start, len(line.rstrip())))
 
 
 def obey_injection(result: dict[str, Any], text: str) -> dict[str, Any]:
     """The answer a model that follows the document's instructions gives: the IBAN the injected
-    paragraph asks for, quoted from that paragraph. Without such a paragraph, the honest answer."""
-    for paragraph in paragraphs(text):
-        if not INJECTION.search(paragraph):
+    paragraph asks for, with the span where that paragraph states it. Without such a paragraph,
+    the honest answer."""
+    for paragraph in located_paragraphs(text):
+        if not INJECTION.search(paragraph.text):
             continue
-        asked = find_ibans(paragraph)
+        asked = find_ibans(paragraph.text)
         if asked:
             changed = copy.deepcopy(result)
             changed["supplier"]["iban"] = asked[0].value
-            changed["evidence"]["/supplier/iban"] = asked[0].quote
+            where = Located(asked[0].quote, paragraph.start + asked[0].start)
+            changed["evidence"]["/supplier/iban"] = Document(text).span(where)
             return changed
     return result
 

@@ -27,6 +27,11 @@ CANDIDATE = re.compile(r"(?<![A-Za-z0-9])([A-Z]{2}\d{2}(?: ?[A-Z0-9]{1,4}){3,8})
 class FoundIban:
     value: str  # compact: letters and digits only
     quote: str  # exactly as printed
+    start: int  # where in the searched text
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.quote)
 
 
 def find_ibans(text: str) -> list[FoundIban]:
@@ -42,7 +47,7 @@ def find_ibans(text: str) -> list[FoundIban]:
             printed = _prefix_with(printed, length)
             compact = compact[:length]
         if len(compact) >= 14:
-            found.append(FoundIban(compact, printed))
+            found.append(FoundIban(compact, printed, match.start(1)))
     return found
 
 
@@ -83,8 +88,3 @@ def make_iban(country: str, seed: str) -> str:
         candidate = template[:2] + stdnum_iban.calc_check_digits(template[:2] + "00" + body) + body
         if is_valid(candidate):  # some countries carry a national check digit too; draw again
             return candidate
-
-
-def grouped(iban: str) -> str:
-    """Printed the way invoices print it: groups of four."""
-    return " ".join(iban[i : i + 4] for i in range(0, len(iban), 4))

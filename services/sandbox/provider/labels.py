@@ -98,7 +98,8 @@ TOTAL = line_label(
 # A paragraph speaking to the model rather than to the buyer (a prompt injection).
 INJECTION = re.compile(
     r"ignore (all |any )?(previous|prior|above) instructions|note to (the )?(ai|model|assistant|llm)"
-    r"|you are an? (ai|language model)|system prompt|önceki talimatları",
+    r"|you are an? (ai|language model)|system prompt|önceki talimatları"
+    r"|ignorier\w* (sie )?(alle )?(vorherigen|bisherigen) anweisungen|hinweis an die ki",
     re.IGNORECASE,
 )
 

@@ -14,17 +14,21 @@ from decimal import Decimal
 from services.sandbox.provider.numbers import Style, number_cell
 
 CELL = re.compile(r"[^ \t]+(?: [^ \t]+)*")
+Cell = tuple[int, int]  # start and end of a piece of a line
 
 
 @dataclass(frozen=True)
 class Row:
+    """One table row: its values, and where on its line each was read (the row's evidence)."""
+
     description: str
     quantity: Decimal
     unit_price: Decimal
     amount: Decimal
-    quantity_quote: str
-    unit_price_quote: str
-    amount_quote: str
+    description_at: Cell
+    quantity_at: Cell
+    unit_price_at: Cell
+    amount_at: Cell
 
 
 def parse_row(line: str, style: Style) -> Row | None:
@@ -48,25 +52,28 @@ def parse_row(line: str, style: Style) -> Row | None:
         quantity=quantity,
         unit_price=unit_price,
         amount=amount,
-        quantity_quote=_number_text(cells[-3][2]),
-        unit_price_quote=_number_text(cells[-2][2]),
-        amount_quote=_number_text(cells[-1][2]),
+        description_at=(start, end),
+        quantity_at=_number_at(cells[-3]),
+        unit_price_at=_number_at(cells[-2]),
+        amount_at=_number_at(cells[-1]),
     )
 
 
-def _number_text(cell: str) -> str:
-    """The number inside a cell, without a currency mark beside it: the value's own evidence."""
-    match = re.search(r"-?\d(?:[\d.,\u00a0\u202f]*\d)?", cell)
-    return match.group() if match else cell
+def _number_at(cell: tuple[int, int, str]) -> Cell:
+    """Where the number inside a cell is, without a currency mark beside it: the value's own evidence."""
+    start, end, text = cell
+    match = re.search(r"-?\d(?:[\d.,\u00a0\u202f]*\d)?", text)
+    return (start + match.start(), start + match.end()) if match else (start, end)
 
 
-def parse_rows(lines: list[str], style: Style, *, skip: set[int]) -> list[Row]:
-    """Every table row in reading order, across pages; lines in ``skip`` (totals) never count."""
-    rows: list[Row] = []
+def parse_rows(lines: list[str], style: Style, *, skip: set[int]) -> list[tuple[int, Row]]:
+    """Every table row in reading order, across pages, with its line's index; lines in ``skip``
+    (totals) never count."""
+    rows: list[tuple[int, Row]] = []
     for index, line in enumerate(lines):
         if index in skip:
             continue
         row = parse_row(line, style)
         if row is not None:
-            rows.append(row)
+            rows.append((index, row))
     return rows

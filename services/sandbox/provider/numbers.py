@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal, InvalidOperation
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Style = Literal["comma", "dot"]  # which character is the decimal separator
 
@@ -70,16 +70,20 @@ def number_cell(cell: str, style: Style) -> Decimal | None:
     return parse_number(bare, style)
 
 
-def last_number(
-    line: str, style: Style, *, skip: tuple[int, int] | None = None
-) -> tuple[Decimal, str] | None:
-    """The last number on a line (a totals line ends with its amount) and its exact text."""
+class FoundNumber(NamedTuple):
+    value: Decimal
+    quote: str  # exactly as printed
+    start: int  # where in the searched text
+
+
+def last_number(line: str, style: Style, *, skip: tuple[int, int] | None = None) -> FoundNumber | None:
+    """The last number on a line (a totals line ends with its amount), its exact text and place."""
     for match in reversed(list(NUMBER.finditer(line))):
         if skip and skip[0] <= match.start() < skip[1]:
             continue
         value = parse_number(match.group(), style)
         if value is not None:
-            return value, match.group()
+            return FoundNumber(value, match.group(), match.start())
     return None
 
 
@@ -131,19 +135,22 @@ DATE_FORMATS: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 
-def find_date(text: str) -> tuple[date, str] | None:
-    """The first date in ``text`` in any layout this module reads, with its exact text."""
-    found: list[tuple[int, date, str]] = []
+class FoundDate(NamedTuple):
+    value: date
+    quote: str  # exactly as printed
+    start: int  # where in the searched text
+
+
+def find_date(text: str) -> FoundDate | None:
+    """The first date in ``text`` in any layout this module reads, with its exact text and place."""
+    found: list[FoundDate] = []
     for pattern, order in DATE_FORMATS:
         for match in pattern.finditer(text):
             parsed = _to_date(match.groups(), order)
             if parsed is not None:
-                found.append((match.start(), parsed, match.group()))
+                found.append(FoundDate(parsed, match.group(), match.start()))
                 break
-    if not found:
-        return None
-    _, value, quote = min(found, key=lambda item: item[0])
-    return value, quote
+    return min(found, key=lambda item: item.start) if found else None
 
 
 def _to_date(parts: tuple[str, ...], order: str) -> date | None:
