@@ -46,6 +46,7 @@ STATED_ROWS = {
     "12": "MB-2026-118|2026-11-25|2026-12-31|JPY|-|3|36560|3656|40216",
     "13": "RLS-44817|2026-11-27|2026-12-27|USD|-|10|3594.42|260.60|3855.02",
     "14": "LPD-2611|2026-11-23|2026-12-23|EUR|-|2|518.00|119.14|637.14",
+    "15": "RE-55187|2026-11-30|-|EUR|DE89370400440532013000|1|1240.00|235.60|1475.60",
 }
 STATED: dict[str, tuple[Any, ...]] = {
     name: tuple(
@@ -71,8 +72,8 @@ def _scalars(value: Any, pointer: str = "") -> dict[str, Any]:
     return {pointer: value}
 
 
-def test_there_are_at_least_thirteen_samples_and_each_is_described() -> None:
-    assert len(SAMPLES) >= 13
+def test_there_are_at_least_fifteen_samples_and_each_is_described() -> None:
+    assert len(SAMPLES) >= 15
     assert set(STATED) == set(SAMPLES)
 
 
