@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -14,7 +11,8 @@ from psycopg_pool import AsyncConnectionPool
 from services.acceptance import metrics, views
 from services.acceptance.queries import Q
 from services.common import events, states
-from services.common.api.errors import ApiError, Conflict, NotFound
+from services.common.api.cursor import decode_cursor, encode_cursor
+from services.common.api.errors import Conflict, NotFound
 from services.common.api.tenancy import Tenant
 from services.common.uow import JobChange, OutboxNotifier, async_unit_of_work
 
@@ -40,7 +38,7 @@ class JobService:
         return views.status_body(row)
 
     async def list(self, tenant: Tenant, *, state: str | None, cursor: str | None, limit: int) -> JSON:
-        before_created, before_id = _decode_cursor(cursor) if cursor else _FIRST_PAGE
+        before_created, before_id = decode_cursor(cursor) if cursor else _FIRST_PAGE
         params = {
             "tenant_id": tenant.id,
             "state": state,
@@ -52,7 +50,7 @@ class JobService:
         async with self._pool.connection() as conn:
             rows = await (await conn.execute(query, params)).fetchall()
         page, more = rows[:limit], len(rows) > limit
-        next_cursor = _encode_cursor(page[-1]["created_at"], page[-1]["id"]) if more and page else None
+        next_cursor = encode_cursor(page[-1]["created_at"], page[-1]["id"]) if more and page else None
         return {"jobs": [views.summary_body(r) for r in page], "next_cursor": next_cursor}
 
     async def cancel(self, tenant: Tenant, job_id: uuid.UUID | None) -> JSON:
@@ -85,26 +83,3 @@ class JobService:
 
 def _job_not_found() -> NotFound:
     return NotFound("no such extraction job for this tenant", code="job_not_found")
-
-
-def _encode_cursor(created_at: datetime, job_id: uuid.UUID) -> str:
-    raw = json.dumps({"c": created_at.isoformat(), "i": str(job_id)}, separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        raw = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
-        if (
-            not isinstance(raw, dict)
-            or not isinstance(raw.get("c"), str)
-            or not isinstance(raw.get("i"), str)
-        ):
-            raise ValueError("not a cursor of ours")
-        created_at = datetime.fromisoformat(raw["c"])
-        if created_at.tzinfo is None:
-            raise ValueError("naive timestamp")
-        return created_at, uuid.UUID(raw["i"])
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeEncodeError, binascii.Error):
-        raise ApiError("the cursor is not one this server issued", code="invalid_cursor") from None

@@ -9,6 +9,7 @@ Errors of every route map to one JSON shape here.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -37,6 +38,7 @@ from services.delivery.settings import DeliverySettings
 from services.edge import metrics, openapi
 from services.edge.ops import ops_routes
 
+from services.inference.review.api import review_routes
 log = logging.getLogger(__name__)
 
 
@@ -74,6 +76,7 @@ def build_routes(edge: Edge) -> list[BaseRoute]:
 
     return [
         *acceptance_routes(edge.context, edge.settings),
+        *review_routes(edge.context, dict(os.environ)),
         *delivery_routes(edge.context, edge.endpoints),
         *ops_routes(edge.context, edge.settings.common.queue_prefix),
         Route("/openapi.json", openapi_json, methods=["GET"], name="openapi"),

@@ -8,6 +8,7 @@ from services.acceptance.settings import AcceptanceSettings
 from services.common.api.openapi import ERROR_SCHEMA, ERRORS, JSON
 from services.delivery import openapi_paths as delivery_openapi
 from services.edge import ops_schemas
+from services.inference.review import schemas as review_schemas
 
 
 def _scope_errors(paths: JSON) -> None:
@@ -37,6 +38,12 @@ def build(settings: AcceptanceSettings) -> JSON:
         "components": {
             "securitySchemes": {
                 "bearerAuth": {"type": "http", "scheme": "bearer", "description": "A tenant's API key."},
+                "reviewerAuth": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A reviewer's key (fatura keys create --tenant ID --scope reviewer): "
+                    "/v1/reviews only, for that tenant.",
+                },
                 "operatorAuth": {
                     "type": "http",
                     "scheme": "bearer",
@@ -48,11 +55,13 @@ def build(settings: AcceptanceSettings) -> JSON:
                 **acceptance_openapi.components(settings),
                 **delivery_openapi.COMPONENTS,
                 **ops_schemas.COMPONENTS,
+                **review_schemas.COMPONENTS,
             },
         },
         "paths": {
             **acceptance_openapi.paths(security),
             **delivery_openapi.paths(security, ERRORS),
+            **review_schemas.paths([{"reviewerAuth": []}], ERRORS),
             **ops_schemas.paths(
                 operator_security,
                 ERRORS,

@@ -21,6 +21,7 @@ from schemathesis.specs.openapi.checks import (
 from fix_db import MakeTenant, SyncPool, TenantHandle
 from fix_ops import KeyHandle, make_operator
 from fix_processes import ServiceProcess
+from services.acceptance.keys import create_key
 from services.acceptance.settings import AcceptanceSettings
 from services.edge import openapi
 
@@ -51,17 +52,31 @@ def fuzz_operator(pool: SyncPool) -> KeyHandle:
     return make_operator(pool, label="contract test")
 
 
+@pytest.fixture(scope="module")
+def fuzz_reviewer(pool: SyncPool, fuzz_tenant: TenantHandle) -> KeyHandle:
+    _info, key = create_key(pool, scope="reviewer", tenant_id=fuzz_tenant.id, label="contract test")
+    return KeyHandle(key)
+
+
 @schema.parametrize()
 @settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_the_edge_honours_its_openapi_document(
-    case: schemathesis.Case, edge: ServiceProcess, fuzz_tenant: TenantHandle, fuzz_operator: KeyHandle
+    case: schemathesis.Case,
+    edge: ServiceProcess,
+    fuzz_tenant: TenantHandle,
+    fuzz_operator: KeyHandle,
+    fuzz_reviewer: KeyHandle,
 ) -> None:
     # A negative case that mutates the headers may have dropped Authorization on purpose; adding the
     # key back would turn it into a valid request that is then "wrongly" accepted. The operator
-    # routes take the operator's key, every other route the tenant's.
+    # routes take the operator's key, the review routes the reviewer's, every other route the tenant's.
     headers_info = case.meta.components.get(ParameterLocation.HEADER) if case.meta else None
     mutated_headers = headers_info is not None and headers_info.mode == GenerationMode.NEGATIVE
-    key = fuzz_operator if case.path.startswith("/v1/ops/") else fuzz_tenant
+    key: KeyHandle | TenantHandle = fuzz_tenant
+    if case.path.startswith("/v1/ops/"):
+        key = fuzz_operator
+    elif case.path.startswith("/v1/reviews"):
+        key = fuzz_reviewer
     headers = {} if mutated_headers else key.headers
     case.call_and_validate(base_url=edge.base_url, headers=headers, checks=CHECKS)
 
@@ -83,6 +98,12 @@ def test_the_document_describes_the_routes_the_server_has(edge: ServiceProcess) 
         "/v1/webhook-endpoints/{endpoint_id}:recover",
         "/v1/deliveries",
         "/v1/deliveries/{delivery_id}:resend",
+        "/v1/reviews",
+        "/v1/reviews/{review_id}",
+        "/v1/reviews/{review_id}:claim",
+        "/v1/reviews/{review_id}:approve",
+        "/v1/reviews/{review_id}:correct",
+        "/v1/reviews/{review_id}:reject",
         "/v1/ops/dead-letters",
         "/v1/ops/dead-letters/{dead_letter_id}",
         "/v1/ops/dead-letters:redrive",

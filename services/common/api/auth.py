@@ -1,8 +1,9 @@
 """Bearer API-key authentication with a short in-process cache (revocation takes effect within its TTL).
 
 A key opens only the routes of its scope (``services/common/api/apikeys.py``): tenant routes ask for
-``authenticate`` (a tenant key), operator routes for ``operator``. A valid key of another scope is
-403, so a caller learns it holds the wrong kind of key, not a bad one.
+``authenticate`` (a tenant key), review routes for ``reviewer``, operator routes for ``operator``.
+A valid key of another scope is 403, so a caller learns it holds the wrong kind of key, not a bad
+one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from services.common.api import apikeys
-from services.common.api.apikeys import OPERATOR, TENANT
+from services.common.api.apikeys import OPERATOR, REVIEWER, TENANT
 from services.common.api.errors import Forbidden, Unauthorized
 from services.common.api.tenancy import Tenant, TenantLimits
 from services.common.api.throttle import FailureThrottle
@@ -68,6 +69,17 @@ class Authenticator:
                 details={"key_scope": principal.scope, "required_scope": TENANT},
             )
         return principal.tenant
+
+    async def reviewer(self, authorization: str | None, client: str | None = None) -> Principal:
+        """A reviewer-scoped key: bound to one tenant, it opens that tenant's reviews only."""
+        principal = await self.principal(authorization, client)
+        if principal.scope != REVIEWER or principal.tenant is None:
+            raise Forbidden(
+                "this route takes a reviewer key (fatura keys create --tenant ID --scope reviewer); "
+                f"this key's scope is {principal.scope}",
+                details={"key_scope": principal.scope, "required_scope": REVIEWER},
+            )
+        return principal
 
     async def operator(self, authorization: str | None, client: str | None = None) -> Principal:
         """An operator-scoped key."""
