@@ -56,6 +56,15 @@ MARKERS = re.compile(
     re.IGNORECASE,
 )
 
+# Every alternative of MARKERS holds one of these once case-folded with whitespace runs as one space.
+# Looking for them is a few substring scans in C; the regex runs only on a page that holds one.
+_KEYWORDS = (
+    "ignor", "disregard", "forget", "overrid", "note to", "reading", "processing", "extracting",
+    "you are", "system", "instruction", "assistant", "<|im_", "inst]", "<<sys", "<</sys",
+    "talimat", "yapay zek", "dil modeli", "sistem",
+    "vergiss", "vergessen", "missacht", "hinweis", "nachricht", "notiz", "anweisung", "du bist",
+)  # fmt: skip
+
 # A paragraph: whole non-blank lines up to a line holding nothing but whitespace (or a page's end).
 _PARAGRAPH = re.compile(r"[^\n]*\S[^\n]*(?:\n[ \t\r\v]*\S[^\n]*)*")
 
@@ -81,7 +90,7 @@ def instruction_passages(pages: Sequence[str]) -> list[Passage]:
     """Every passage of every page that addresses the model, in reading order."""
     found: list[Passage] = []
     for number, text in enumerate(pages, start=1):
-        if MARKERS.search(text) is None:  # the common case: one scan of the page, nothing to split
+        if not _may_address_model(text) or MARKERS.search(text) is None:  # the common case
             continue
         for paragraph in _PARAGRAPH.finditer(text):
             marker = MARKERS.search(text, paragraph.start(), paragraph.end())
@@ -90,3 +99,9 @@ def instruction_passages(pages: Sequence[str]) -> list[Passage]:
                 words = " ".join(marker.group().split())
                 found.append(Passage(number, line_start, paragraph.end(), words))
     return found
+
+
+def _may_address_model(text: str) -> bool:
+    # casefold turns a Turkish İ into i + U+0307; without the dot it is the i the keywords have
+    folded = " ".join(text.casefold().replace("\u0307", "").split())
+    return any(keyword in folded for keyword in _KEYWORDS)
