@@ -131,6 +131,29 @@ def verify(
     secret. The timestamp must lie within ``tolerance_s`` of ``now`` in either direction, which
     with a durable webhook-id inbox is what stops replays.
     """
+    verify_signature(secrets, headers, raw_body, tolerance_s=tolerance_s, now=now)
+    try:
+        event = json.loads(raw_body)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise MalformedPayloadError("the signed body is not JSON") from None
+    if not isinstance(event, dict):
+        raise MalformedPayloadError("the signed body is not a JSON object")
+    return event
+
+
+def verify_signature(
+    secrets: Secrets,
+    headers: Mapping[str, str],
+    raw_body: bytes,
+    *,
+    tolerance_s: int = DEFAULT_TOLERANCE_S,
+    now: float | None = None,
+) -> str:
+    """Check the headers against the raw body without reading the body; returns the webhook-id.
+
+    For a receiver that parses the body its own way once it knows who sent it (Fatura's
+    acknowledgement route does). Raises what ``verify`` raises, except ``MalformedPayloadError``.
+    """
     keys = decode_secrets(secrets)
     lowered = {k.lower(): v for k, v in headers.items()}
     webhook_id = _header(lowered, "webhook-id")
@@ -158,14 +181,7 @@ def verify(
             matched |= hmac.compare_digest(candidate, want)
     if not matched:
         raise BadSignatureError("no webhook-signature entry matches a configured secret")
-
-    try:
-        event = json.loads(raw_body)
-    except (UnicodeDecodeError, ValueError):
-        raise MalformedPayloadError("the signed body is not JSON") from None
-    if not isinstance(event, dict):
-        raise MalformedPayloadError("the signed body is not a JSON object")
-    return event
+    return webhook_id
 
 
 def _header(headers: Mapping[str, str], name: str) -> str:
