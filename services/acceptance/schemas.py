@@ -165,6 +165,23 @@ JOB_STATUS: JSON = {
             "required": ["class", "message"],
             "properties": {"class": {"type": "string"}, "message": {"type": "string"}},
         },
+        "erp": {
+            "type": "object",
+            "description": (
+                "The ERP's latest business acknowledgement of a delivery of this job (posted, or "
+                "rejected with a reason, which opens a review task: review_id); received_at is when "
+                "the ERP answered the delivery 2xx."
+            ),
+            "required": ["delivery_id", "received_at", "outcome", "reason", "at"],
+            "properties": {
+                "delivery_id": _UUID,
+                "received_at": {"type": ["string", "null"], "format": "date-time"},
+                "outcome": {"type": "string", "enum": ["posted", "rejected"]},
+                "reason": {"type": ["string", "null"]},
+                "at": _TIMESTAMP,
+                "review_id": _UUID,
+            },
+        },
     },
 }
 

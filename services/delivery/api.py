@@ -1,8 +1,9 @@
 """HTTP routes of the webhook-endpoint and delivery API, mounted by the edge.
 
 Thin: parse with the shared JSON body reader and the schemas in ``services/delivery/schemas.py``,
-call one ``Endpoints`` method, map delivery errors to the API's JSON errors (422 for a bad
-endpoint or a refused target, 404, 409). A refused request writes nothing.
+call one ``Endpoints`` (or ``Acks``) method, map delivery errors to the API's JSON errors (422 for
+a bad endpoint or a refused target, 401 for an acknowledgement that does not verify, 404, 409). A
+refused request writes nothing.
 """
 
 from __future__ import annotations
@@ -15,17 +16,29 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from services.common.api.body import JsonBody
 from services.common.api.context import ApiContext
 from services.common.api.context import only_query as _only_query
-from services.common.api.errors import ApiError, Conflict, NotFound, Unprocessable
+from services.common.api.errors import (
+    ApiError,
+    Conflict,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+    Unprocessable,
+)
 from services.common.api.schema import RequestValidator
 from services.common.ids import parse_uuid
 from services.delivery import errors, schemas
+from services.delivery.acks import Ack, Acks
 from services.delivery.endpoints import Endpoints
 
 _create = RequestValidator(schemas.CREATE_ENDPOINT)
 _rotate = RequestValidator(schemas.ROTATE_SECRET)
 _recover = RequestValidator(schemas.RECOVER)
+_ack = RequestValidator(schemas.ACK)
+# An acknowledgement is a few hundred bytes; its body is read whole before it is verified.
+_ack_body = JsonBody(schemas.MAX_ACK_BODY_BYTES)
 
 
 def _validate(validator: Any, body: Any) -> None:
@@ -46,7 +59,13 @@ def _mapped(error: errors.DeliveryError) -> ApiError:
     if isinstance(error, errors.NotFound):
         return NotFound(error.message)
     if isinstance(error, errors.Conflict):
-        return Conflict(error.message)
+        return Conflict(error.message, code=error.code)
+    if isinstance(error, errors.Unauthenticated):
+        return Unauthorized(error.message, code=error.code)
+    if isinstance(error, errors.BadQuery):
+        return ApiError(error.message, code=error.code)
+    if isinstance(error, errors.SecretUnavailable):
+        return Unavailable(error.message, code=error.code, headers={"Retry-After": "60"})
     return Unprocessable(error.message, code=error.code)
 
 
@@ -57,10 +76,33 @@ async def _optional_body(edge: ApiContext, request: Request) -> Any:
     return await edge.json_body(request)
 
 
+async def _raw_ack_body(request: Request) -> bytes:
+    """The exact bytes the signature covers, bounded; JSON is parsed only once they verify."""
+    _ack_body.check_content_type(request.headers.get("content-type"))
+    _ack_body.check_declared_length(request.headers.get("content-length"))
+    chunks: list[bytes] = []
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        _ack_body.check_streamed_length(received)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _limit(raw: str | None) -> int:
+    if raw is None:
+        return 100
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 1000:
+        raise ApiError("limit must be an integer from 1 to 1000", code="invalid_query")
+    return int(raw)
+
+
 Handler = Callable[[Request], Awaitable[Response]]
 
 
 def delivery_routes(edge: ApiContext, endpoints: Endpoints) -> list[BaseRoute]:
+    acks = Acks(endpoints.pool, endpoints.keyring, endpoints.settings.ack_window_seconds)
+
     def guarded(handler: Handler) -> Handler:
         async def run(request: Request) -> Response:
             try:
@@ -124,11 +166,38 @@ def delivery_routes(edge: ApiContext, endpoints: Endpoints) -> list[BaseRoute]:
 
     async def list_deliveries(request: Request) -> Response:
         tenant = await edge.tenant(request)
+        q = request.query_params
+        if "unacknowledged" in q:
+            _only_query(request, "unacknowledged", "cursor", "limit")
+            if q["unacknowledged"] not in ("1", "true"):
+                raise ApiError("unacknowledged takes 1 (or true)", code="invalid_query")
+            cursor = None
+            if "cursor" in q:
+                cursor = parse_uuid(q["cursor"])
+                if cursor is None:
+                    raise ApiError("the cursor is not one this server issued", code="invalid_cursor")
+            return JSONResponse(await acks.unacknowledged(tenant.id, cursor, _limit(q.get("limit"))))
         _only_query(request, "job_id")
-        job_id = parse_uuid(request.query_params.get("job_id", ""))
+        job_id = parse_uuid(q.get("job_id", ""))
         if job_id is None:
-            raise ApiError("job_id (a UUID) is required", code="invalid_query")
+            raise ApiError("job_id (a UUID) or unacknowledged=1 is required", code="invalid_query")
         return JSONResponse(await endpoints.deliveries(tenant.id, job_id))
+
+    async def acknowledge(request: Request) -> Response:
+        # Authenticated by the endpoint's signature, not by an API key: the ERP holds no key.
+        _only_query(request)
+        delivery_id = parse_uuid(request.path_params["delivery_id"])
+        raw = await _raw_ack_body(request)
+        ack_id = await acks.authenticate(delivery_id, request.headers, raw)
+        assert delivery_id is not None  # authenticate found the delivery
+        body = _ack_body.parse_json(raw)
+        _validate(_ack, body)
+        if body.get("delivery_id", str(delivery_id)).lower() != str(delivery_id):
+            raise Unprocessable(
+                "the signed body names another delivery than the path", code="delivery_mismatch"
+            )
+        ack = Ack(body["outcome"], body.get("reason"), ack_id)
+        return JSONResponse(await acks.record(delivery_id, ack))
 
     async def resend(request: Request) -> Response:
         tenant = await edge.tenant(request)
@@ -155,6 +224,9 @@ def delivery_routes(edge: ApiContext, endpoints: Endpoints) -> list[BaseRoute]:
         Route("/v1/deliveries", guarded(list_deliveries), methods=["GET"], name="list_deliveries"),
         Route(
             "/v1/deliveries/{delivery_id}:resend", guarded(resend), methods=["POST"], name="resend_delivery"
+        ),
+        Route(
+            "/v1/deliveries/{delivery_id}:ack", guarded(acknowledge), methods=["POST"], name="ack_delivery"
         ),
     ]
     return routes

@@ -28,14 +28,12 @@ from services.delivery import payload, signing
 from services.delivery.egress import EgressGuard
 from services.delivery.errors import Conflict, InvalidEndpoint, NotFound
 from services.delivery.settings import DeliverySettings
+from services.delivery.views import delivery_view
+from services.delivery.views import iso as _iso
 
 Q = load_queries(Path(__file__).with_name("sql") / "endpoints.sql")
 
 MAX_ENDPOINTS_PER_TENANT = 20
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.astimezone(UTC).isoformat()
 
 
 def _endpoint_view(row: dict[str, Any]) -> dict[str, Any]:
@@ -56,24 +54,6 @@ def _endpoint_view(row: dict[str, Any]) -> dict[str, Any]:
             {"key_id": s["key_id"], "created_at": s["created_at"], "not_after": s["not_after"]}
             for s in row["secrets"]
         ],
-    }
-
-
-def _delivery_view(row: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "delivery_id": str(row["delivery_id"]),
-        "event_id": str(row["event_id"]),
-        "event_type": row["event_type"],
-        "endpoint_id": str(row["endpoint_id"]),
-        "job_id": None if row["job_id"] is None else str(row["job_id"]),
-        "state": row["state"],
-        "reason": row["reason"],
-        "attempt_count": row["attempts"],
-        "last_status": row["last_status"],
-        "next_attempt_at": _iso(row["next_attempt_at"]),
-        "created_at": _iso(row["created_at"]),
-        "delivered_at": _iso(row["delivered_at"]),
-        "attempts": row["attempt_log"],
     }
 
 
@@ -227,7 +207,7 @@ class Endpoints:
         async with self.pool.connection() as conn:
             cur = await conn.execute(Q["deliveries_for_job"], {"tenant_id": tenant_id, "job_id": job_id})
             rows = await cur.fetchall()
-        return {"deliveries": [_delivery_view(r) for r in rows]}
+        return {"deliveries": [delivery_view(r) for r in rows]}
 
     async def resend(self, tenant_id: uuid.UUID, delivery_id: uuid.UUID | None) -> dict[str, Any]:
         """Send a finished delivery again with the same webhook-id (the receiver dedups it)."""
@@ -248,7 +228,7 @@ class Endpoints:
             cur = await conn.execute(Q["delivery_by_id"], {"delivery_id": delivery_id})
             updated = await cur.fetchone()
         assert updated is not None
-        return _delivery_view(updated)
+        return delivery_view(updated)
 
 
 async def _register(

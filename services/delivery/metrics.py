@@ -22,3 +22,8 @@ LEASES_EXPIRED = Counter("fatura_delivery_leases_expired_total", "Claims of dead
 WAKEUPS = Counter("fatura_delivery_wakeups_total", "Wake-ups sent by the scheduler")
 PENDING = Gauge("fatura_delivery_pending", "Deliveries waiting to be sent")
 OLDEST_DUE_AGE = Gauge("fatura_delivery_oldest_due_age_seconds", "Age of the oldest due delivery")
+UNACKNOWLEDGED = Gauge(
+    "fatura_deliveries_unacknowledged",
+    "Deliveries received longer ago than FATURA_ERP_ACK_WINDOW_SECONDS and not acknowledged by the ERP "
+    "(counted up to 10000 by the delivery scheduler)",
+)

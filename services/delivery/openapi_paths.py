@@ -137,18 +137,19 @@ def paths(security: list[JSON], errors: Mapping[int, JSON]) -> JSON:
         "/v1/deliveries": {
             "get": _op(
                 "listDeliveries",
-                "The deliveries of one job's events, with every attempt.",
+                "The deliveries of one job's events (`job_id`), or this tenant's deliveries received "
+                "longer ago than the acknowledgement window and not acknowledged by the ERP "
+                "(`unacknowledged=1`, oldest first, paged by `cursor`), with every attempt. Exactly "
+                "one of `job_id` and `unacknowledged` is given.",
                 security,
                 ("200", "The deliveries.", "DeliveryList"),
                 errors,
                 (400, 401, 503),
                 params=[
-                    {
-                        "name": "job_id",
-                        "in": "query",
-                        "required": True,
-                        "schema": {"type": "string", "pattern": UUID_PATTERN},
-                    }
+                    _query("job_id", {"type": "string", "pattern": UUID_PATTERN}),
+                    _query("unacknowledged", {"type": "string", "enum": ["1", "true"]}),
+                    _query("cursor", {"type": "string", "pattern": UUID_PATTERN}),
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
                 ],
             )
         },
@@ -163,4 +164,57 @@ def paths(security: list[JSON], errors: Mapping[int, JSON]) -> JSON:
                 params=[_param("delivery_id")],
             )
         },
+        "/v1/deliveries/{delivery_id}:ack": {"post": _ack(errors)},
     }
+
+
+def _query(name: str, schema: JSON) -> JSON:
+    return {"name": name, "in": "query", "required": False, "schema": schema}
+
+
+def _header(name: str, description: str, schema: JSON) -> JSON:
+    return {"name": name, "in": "header", "required": True, "description": description, "schema": schema}
+
+
+def _ack(errors: Mapping[int, JSON]) -> JSON:
+    """Signed by the endpoint's secret (Standard Webhooks v1), not by an API key."""
+    operation = _op(
+        "acknowledgeDelivery",
+        "The ERP's business outcome of a delivery it received: posted, or rejected with a reason "
+        "(which opens a review task). Not authenticated by an API key but by a Standard Webhooks "
+        "signature made with a secret in force of the delivery's endpoint over "
+        "`webhook-id.webhook-timestamp.body` (fatura_sdk.acknowledge makes it). The same outcome "
+        "again is a 200 that changes nothing; another outcome after one was recorded is 409 "
+        "`ack_conflict`; a delivery not yet recorded as delivered is 409 "
+        "`delivery_not_delivered` (ask again shortly); only extraction.completed.v1 deliveries are "
+        "acknowledged (409 `not_acknowledgeable`).",
+        [],
+        ("200", "The delivery, with its `ack`.", "Delivery"),
+        errors,
+        (400, 401, 404, 409, 413, 415, 422, 503),
+        params=[
+            _param("delivery_id"),
+            _header(
+                "webhook-id",
+                "A fresh id of this acknowledgement, chosen by the ERP.",
+                {"type": "string", "minLength": 1, "maxLength": 256},
+            ),
+            _header(
+                "webhook-timestamp",
+                "Unix seconds; within 5 minutes of the server's clock.",
+                {"type": "string", "pattern": "^[0-9]{1,12}$"},
+            ),
+            _header(
+                "webhook-signature",
+                "`v1,<base64 HMAC-SHA256>`, one entry per secret (space-separated).",
+                {"type": "string", "minLength": 1},
+            ),
+        ],
+        body=("AcknowledgeDelivery", True),
+    )
+    operation["responses"]["401"] = {
+        **errors[401],
+        "description": "The signature is missing, malformed, out of its time window, or made with no "
+        "secret in force of the delivery's endpoint. Nothing was changed.",
+    }
+    return operation

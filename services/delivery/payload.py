@@ -22,6 +22,9 @@ PING = "webhook.ping.v1"
 EVENT_TYPES = (events.EXTRACTION_COMPLETED, events.EXTRACTION_FAILED, events.EXTRACTION_REJECTED)
 # What an endpoint may subscribe to; the review request only by naming it (a review tool).
 SUBSCRIBABLE = (*EVENT_TYPES, events.REVIEW_REQUESTED)
+# What an ERP acknowledges (POST /v1/deliveries/{id}:ack): only a delivered result is something to
+# post to its books; a ping, a failure notice or a review request has no business outcome.
+ACKNOWLEDGEABLE = (events.EXTRACTION_COMPLETED,)
 
 
 def _iso(at: datetime) -> str:

@@ -25,7 +25,7 @@ from services.common.ops_server import start_ops_server
 from services.common.queries import load_queries
 from services.common.reconcile import EventReconciler
 from services.common.worker import stop_on_signals
-from services.delivery import metrics
+from services.delivery import metrics, payload
 from services.delivery.outcomes import MAX_ATTEMPTS
 from services.delivery.settings import DeliverySettings
 from services.delivery.worker import deliver_message, deliver_queue, ingest_queue
@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 Q = load_queries(Path(__file__).with_name("sql") / "delivery.sql")
 
 BATCH = 500
+# The unacknowledged count stops here: past it the gauge says "at least this many".
+UNACKNOWLEDGED_CAP = 10_000
 
 
 def tick(pool: Any, broker: QuorumRabbitmqBroker, settings: DeliverySettings) -> int:
@@ -92,7 +94,22 @@ class Sweeps:
             "pruned": deadletters.prune(self._pool, self._settings.common.dead_letter_retention_days),
         }
         deadletters.refresh_metrics(self._pool, self._queues)
+        refresh_unacknowledged(self._pool, self._settings)
         return done
+
+
+def refresh_unacknowledged(pool: Any, settings: DeliverySettings) -> int:
+    """Set the gauge of deliveries past the acknowledgement window; one bounded query."""
+    params = {
+        "event_types": list(payload.ACKNOWLEDGEABLE),
+        "window_seconds": settings.ack_window_seconds,
+        "cap": UNACKNOWLEDGED_CAP,
+    }
+    with pool.connection() as conn:
+        row = conn.execute(Q["unacknowledged"], params).fetchone()
+    count = int(row["n"]) if row is not None else 0
+    metrics.UNACKNOWLEDGED.set(count)
+    return count
 
 
 def main() -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.delivery.acks import MAX_REASON_LENGTH, OUTCOMES
 from services.delivery.egress import MAX_URL_LENGTH
 from services.delivery.payload import EVENT_TYPES, SUBSCRIBABLE
 
@@ -17,6 +18,7 @@ _TIME_OR_NULL: JSON = {"type": ["string", "null"], "format": "date-time"}
 MAX_CONCURRENCY = 100
 MAX_OVERLAP_SECONDS = 30 * 86_400
 DELIVERY_STATES = ("pending", "delivering", "delivered", "failed", "dead")
+MAX_ACK_BODY_BYTES = 8192
 
 CREATE_ENDPOINT: JSON = {
     "type": "object",
@@ -66,6 +68,27 @@ RECOVER: JSON = {
     "additionalProperties": False,
     "required": ["since"],
     "properties": {"since": {**_TIME, "description": "Resend failed and dead deliveries created since."}},
+}
+
+ACK: JSON = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["outcome"],
+    "properties": {
+        "outcome": {
+            "type": "string",
+            "enum": list(OUTCOMES),
+            "description": "posted: on the books; rejected: refused with a reason (opens a review task).",
+        },
+        "reason": {"type": "string", "minLength": 1, "maxLength": MAX_REASON_LENGTH, "pattern": "\\S"},
+        "delivery_id": {
+            **_UUID,
+            "description": "The delivery, as in the path: binds the signature to it (recommended).",
+        },
+    },
+    "if": {"properties": {"outcome": {"const": "rejected"}}},
+    "then": {"required": ["reason"]},
+    "else": {"not": {"required": ["reason"]}},
 }
 
 SECRET_INFO: JSON = {
@@ -176,6 +199,16 @@ DELIVERY: JSON = {
         "next_attempt_at": _TIME,
         "created_at": _TIME,
         "delivered_at": _TIME_OR_NULL,
+        "ack": {
+            "type": ["object", "null"],
+            "description": "The ERP's signed business acknowledgement (POST ...:ack), if any.",
+            "required": ["outcome", "reason", "acked_at"],
+            "properties": {
+                "outcome": {"type": "string", "enum": list(OUTCOMES)},
+                "reason": {"type": ["string", "null"]},
+                "acked_at": _TIME,
+            },
+        },
         "attempts": {"type": "array", "items": ATTEMPT},
     },
 }
@@ -183,7 +216,17 @@ DELIVERY: JSON = {
 DELIVERY_LIST: JSON = {
     "type": "object",
     "required": ["deliveries"],
-    "properties": {"deliveries": {"type": "array", "items": DELIVERY}},
+    "properties": {
+        "deliveries": {"type": "array", "items": DELIVERY},
+        "next_cursor": {
+            "type": ["string", "null"],
+            "description": "unacknowledged=1 only: pass as `cursor` for the next page; null on the last.",
+        },
+        "window_seconds": {
+            "type": "number",
+            "description": "unacknowledged=1 only: how long after receipt a delivery counts as overdue.",
+        },
+    },
 }
 
 COMPONENTS: JSON = {
@@ -195,6 +238,7 @@ COMPONENTS: JSON = {
     "WebhookEndpointList": ENDPOINT_LIST,
     "WebhookSecretRotated": SECRET_ROTATED,
     "WebhookEndpointRecovered": RECOVERED,
+    "AcknowledgeDelivery": ACK,
     "Delivery": DELIVERY,
     "DeliveryList": DELIVERY_LIST,
 }

@@ -29,6 +29,9 @@ class DeliverySettings:
     rewake_seconds: float = 30.0
     secret_overlap_seconds: int = 86_400
     default_max_concurrency: int = 4
+    # A delivery received (2xx) this long ago and not acknowledged by the ERP is listed by
+    # GET /v1/deliveries?unacknowledged=1 and counted by the scheduler.
+    ack_window_seconds: float = 3600.0
     # Seals webhook secrets (registration, rotation) and opens them (signing); None when
     # FATURA_SECRETS_KEY is unset, which only the processes that never touch a secret accept.
     keyring: Keyring | None = None
@@ -85,6 +88,7 @@ class DeliverySettings:
                 env, "FATURA_WEBHOOK_SECRET_OVERLAP_SECONDS", 86_400, lo=0, hi=30 * 86_400
             ),
             default_max_concurrency=env_int(env, "FATURA_WEBHOOK_MAX_CONCURRENCY", 4, lo=1, hi=1000),
+            ack_window_seconds=env_float(env, "FATURA_ERP_ACK_WINDOW_SECONDS", 3600.0, lo=0, hi=30 * 86_400),
             keyring=Keyring.from_env(env),
         )
 

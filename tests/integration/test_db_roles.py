@@ -1,6 +1,7 @@
 """A database role per service (migration 0007): each process's sessions act as its role and hold
-only its grants. Only delivery reads webhook secrets; the edge writes them and reads their names,
-never a ciphertext; the triggers that keep counters need no grant from the role that fires them.
+only its grants. Delivery reads webhook secrets to sign; the edge writes them and reads them sealed
+to verify an ERP's acknowledgement (0012); inference and the relay cannot read them; the triggers
+that keep counters need no grant from the role that fires them.
 
 The end-to-end tests (tests/delivery, tests/integration/test_inference_pipeline.py) run every
 process with its role on, the default, so they prove the grants suffice.
@@ -48,15 +49,24 @@ def test_inference_and_the_relay_cannot_read_webhook_secrets_at_all(database_url
         conn.execute("SELECT * FROM webhook_secrets")
 
 
-def test_the_edge_reads_the_names_of_secrets_but_never_a_ciphertext(database_url: str) -> None:
+def test_the_edge_reads_sealed_secrets_to_verify_acknowledgements_but_changes_none(database_url: str) -> None:
+    # The ERP's acknowledgement is signed with its endpoint's secret (migration 0012): the edge
+    # opens the sealed secret to verify it, and can still only add secrets and end them.
     with _as(database_url, "fatura_edge") as conn:
-        conn.execute("SELECT endpoint_id, key_id, created_at, not_after FROM webhook_secrets LIMIT 1")
-        for column in ("ciphertext", "nonce", "master_key_id"):
+        conn.execute(
+            """SELECT endpoint_id, key_id, created_at, not_after, master_key_id, nonce, ciphertext
+               FROM webhook_secrets LIMIT 1"""
+        )
+        for column in ("ciphertext", "nonce", "master_key_id", "key_id"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                conn.execute(sql.SQL("SELECT {} FROM webhook_secrets LIMIT 1").format(sql.Identifier(column)))
+                conn.execute(
+                    sql.SQL("UPDATE webhook_secrets SET {0} = {0} WHERE false").format(sql.Identifier(column))
+                )
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("DELETE FROM webhook_secrets WHERE false")
 
 
-def test_only_delivery_reads_sealed_secrets(database_url: str) -> None:
+def test_delivery_reads_sealed_secrets_to_sign_and_no_api_key(database_url: str) -> None:
     with _as(database_url, "fatura_delivery") as conn:
         conn.execute("SELECT endpoint_id, key_id, master_key_id, nonce, ciphertext FROM webhook_secrets")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):

@@ -98,6 +98,7 @@ def test_the_document_describes_the_routes_the_server_has(edge: ServiceProcess) 
         "/v1/webhook-endpoints/{endpoint_id}:recover",
         "/v1/deliveries",
         "/v1/deliveries/{delivery_id}:resend",
+        "/v1/deliveries/{delivery_id}:ack",
         "/v1/reviews",
         "/v1/reviews/{review_id}",
         "/v1/reviews/{review_id}:claim",

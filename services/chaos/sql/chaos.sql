@@ -15,9 +15,10 @@ FROM extraction_jobs
 WHERE tenant_id = %(tenant_id)s
 
 -- name: job_events
+-- The state changes; the log's other events (a review closed, an ERP acknowledgement) change no state.
 SELECT job_id::text AS job_id, seq, state, state_version
 FROM job_events
-WHERE tenant_id = %(tenant_id)s
+WHERE tenant_id = %(tenant_id)s AND kind = 'state'
 ORDER BY job_id, seq
 
 -- name: attempts

@@ -176,3 +176,12 @@ SELECT count(*) FILTER (WHERE state = 'pending') AS pending,
            WHERE state = 'pending' AND next_attempt_at <= now())), 0)::float8 AS oldest_due_age_seconds
 FROM deliveries
 WHERE state IN ('pending', 'delivering')
+
+-- name: unacknowledged
+-- Deliveries received longer ago than the window and not acknowledged by the ERP, across tenants,
+-- counted up to a cap so the pass stays bounded however many an ERP leaves unacknowledged.
+SELECT count(*) AS n
+FROM (SELECT 1 FROM deliveries
+      WHERE state = 'delivered' AND acked_at IS NULL AND event_type = ANY (%(event_types)s)
+        AND delivered_at < now() - make_interval(secs => %(window_seconds)s)
+      LIMIT %(cap)s) overdue

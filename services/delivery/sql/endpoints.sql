@@ -64,6 +64,7 @@ RETURNING delivery_id
 -- name: deliveries_for_job
 SELECT d.delivery_id, d.event_id, d.event_type, d.endpoint_id, d.job_id, d.state, d.reason,
        d.attempts, d.last_status, d.next_attempt_at, d.created_at, d.updated_at, d.delivered_at,
+       d.ack_outcome, d.ack_reason, d.acked_at,
        coalesce((SELECT jsonb_agg(jsonb_build_object(
                      'attempt', a.attempt, 'started_at', a.started_at, 'ended_at', a.ended_at,
                      'outcome', a.outcome, 'http_status', a.http_status, 'error_class', a.error_class,
@@ -77,6 +78,7 @@ ORDER BY d.created_at, d.delivery_id
 -- name: delivery_by_id
 SELECT d.delivery_id, d.event_id, d.event_type, d.endpoint_id, d.job_id, d.state, d.reason,
        d.attempts, d.last_status, d.next_attempt_at, d.created_at, d.updated_at, d.delivered_at,
+       d.ack_outcome, d.ack_reason, d.acked_at,
        coalesce((SELECT jsonb_agg(jsonb_build_object(
                      'attempt', a.attempt, 'started_at', a.started_at, 'ended_at', a.ended_at,
                      'outcome', a.outcome, 'http_status', a.http_status, 'error_class', a.error_class,
