@@ -20,7 +20,13 @@ from fatura_sdk import generate_secret
 from services.acceptance.settings import AcceptanceSettings
 from services.acceptance.tenants import TenantSpec, create_tenant, import_suppliers, parse_suppliers
 from services.cli.extras import require
-from services.cli.stack import Stack, apply_local_defaults, check_dependencies, ready_url
+from services.cli.stack import (
+    Stack,
+    apply_erp_ack_default,
+    apply_local_defaults,
+    check_dependencies,
+    ready_url,
+)
 from services.common.db import sync_pool
 from services.common.migrate import migrate
 from services.delivery.endpoints import register_endpoint
@@ -51,6 +57,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     console = Console() if Console().is_terminal else Console(width=140)
     apply_local_defaults()
+    apply_erp_ack_default()
     settings = AcceptanceSettings.from_env()
     problems = check_dependencies(settings.common)
     if problems:
@@ -171,6 +178,8 @@ def _delivered(jobs: dict[str, str], statuses: dict[str, dict[str, Any]], ledger
         entry = ledger.get(job_id)
         if not status.get("done") or entry is None or entry["state_version"] != status.get("state_version"):
             return False
+        if (entry.get("ack") or {}).get("state") == "pending":
+            return False  # the ERP's acknowledgement is on its way to the edge
     return True
 
 
@@ -229,6 +238,9 @@ def _table(
         reasons = ", ".join(sorted({r["code"] for r in (status.get("review") or {}).get("reasons", [])}))
         entry = ledger.get(jobs[sample.filename])
         erp_text = "waiting" if entry is None else f"v{entry['state_version']} applied {entry['effects']}x"
+        ack = (entry or {}).get("ack")
+        if ack is not None:  # the business outcome the ERP acknowledged
+            erp_text += f", {ack['outcome']}" if ack["state"] == "sent" else f", ack {ack['state']}"
         state = str(status.get("state", ""))
         mark = ""
         if status.get("done"):

@@ -84,6 +84,14 @@ def apply_local_defaults() -> None:
         os.environ.setdefault(name, value)
 
 
+def apply_erp_ack_default() -> None:
+    """The reference ERP of ``fatura up`` and ``fatura demo`` acknowledges what it posts to their
+    edge (DESIGN §5.13), unless FATURA_ERP_ACK_URL says otherwise; the benches' ERP acknowledges
+    nothing, so they measure delivery alone."""
+    port = os.environ.get("FATURA_HTTP_PORT", "8080")
+    os.environ.setdefault("FATURA_ERP_ACK_URL", f"http://127.0.0.1:{port}")
+
+
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 

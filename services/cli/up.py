@@ -10,7 +10,13 @@ import threading
 from typing import Any
 
 from services.cli.processes import PROCESSES
-from services.cli.stack import RestartPolicy, Stack, apply_local_defaults, check_dependencies
+from services.cli.stack import (
+    RestartPolicy,
+    Stack,
+    apply_erp_ack_default,
+    apply_local_defaults,
+    check_dependencies,
+)
 from services.common.migrate import migrate
 from services.common.settings import CommonSettings
 
@@ -40,6 +46,7 @@ def _up(args: argparse.Namespace) -> int:
         if names is None or spec.name in names:
             spec.require(f"fatura up (for {spec.name}; --only can leave it out)")
     apply_local_defaults()
+    apply_erp_ack_default()
     settings = CommonSettings.from_env()
     policy = RestartPolicy.from_env()
     problems = check_dependencies(settings)

@@ -8,11 +8,13 @@ aiohttp hands the handler its transport.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -22,6 +24,7 @@ from fatura_sdk.receiver import DEFAULT_MAX_BODY_BYTES
 from fatura_sdk.webhooks import decode_secret
 from services.common import faults as fault_points
 from services.sandbox.erp import ledger
+from services.sandbox.erp.acks import AckSender
 from services.sandbox.erp.faults import Fault, Faults, FaultSpecError, parse_fault
 from services.sandbox.erp.settings import ERP_CRASH_AFTER_COMMIT, ErpSettings
 
@@ -41,13 +44,19 @@ class Erp:
 
     def __init__(self, settings: ErpSettings) -> None:
         self.settings = settings
-        self.receiver = Receiver([], settings.db_path, ledger.apply, schema=ledger.SCHEMA)
+        apply = ledger.applier(acknowledge=settings.ack_url is not None)
+        self.receiver = Receiver([], settings.db_path, apply, schema=ledger.SCHEMA)
         self.faults = Faults()
         self.faulted: Counter[str] = Counter()
         self.redirects_followed = 0
         with self.receiver.connection() as conn:
             posted = ledger.posted_secrets(conn)
-        self.receiver.set_secrets(self.effective_secrets(posted))
+        self.secrets = self.effective_secrets(posted)
+        self.receiver.set_secrets(self.secrets)
+        # Acknowledgements are signed with the secrets webhooks verify with (one signature each).
+        self.acks: AckSender | None = None
+        if settings.ack_url is not None:
+            self.acks = AckSender(self.receiver, self.db, settings.ack_url, lambda: self.secrets)
 
     def effective_secrets(self, posted: list[str]) -> list[str]:
         # FATURA_ERP_SECRETS and the secrets last posted to /admin/secrets are all accepted.
@@ -79,8 +88,19 @@ def build_app(settings: ErpSettings) -> web.Application:
     app.router.add_post("/admin/faults", arm_fault)
     app.router.add_delete("/admin/faults", clear_fault)
     app.router.add_post("/admin/secrets", set_secrets)
+    app.cleanup_ctx.append(_acknowledging)
     app.on_cleanup.append(_close)
     return app
+
+
+async def _acknowledging(app: web.Application) -> AsyncIterator[None]:
+    acks = app[ERP].acks
+    task = None if acks is None else asyncio.create_task(acks.run(), name="erp-acks")
+    yield
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def _close(app: web.Application) -> None:
@@ -105,8 +125,17 @@ async def webhooks(request: web.Request) -> web.StreamResponse:
     if response.outcome == "accepted":
         # The chaos point the design names: the inbox has committed, the sender has no answer yet.
         fault_points.point(erp.settings.common.faults, ERP_CRASH_AFTER_COMMIT)
+    if erp.acks is not None and response.outcome in ("accepted", "duplicate"):
+        if response.outcome == "duplicate" and response.webhook_id is not None:
+            await erp.db(_rearm, erp, response.webhook_id)
+        erp.acks.wake()  # the acknowledgement goes after the commit, outside this request
     log.info("webhook %s -> %d %s", response.webhook_id or "?", response.status, response.outcome)
     return web.json_response(response.body, status=response.status)
+
+
+def _rearm(erp: Erp, webhook_id: str) -> None:
+    with erp.receiver.connection() as conn:
+        ledger.rearm_ack(conn, webhook_id, time.time())
 
 
 async def _answer_fault(request: web.Request, fault: Fault) -> web.StreamResponse:
@@ -241,7 +270,8 @@ async def set_secrets(request: web.Request) -> web.Response:
     def store() -> None:
         with erp.receiver.connection() as conn:
             ledger.replace_posted_secrets(conn, secrets)
-        erp.receiver.set_secrets(erp.effective_secrets(secrets))
+        erp.secrets = erp.effective_secrets(secrets)
+        erp.receiver.set_secrets(erp.secrets)
 
     await erp.db(store)
     log.info("secrets replaced: %d posted, %d in force", len(secrets), erp.receiver.secret_count)

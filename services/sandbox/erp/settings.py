@@ -24,6 +24,9 @@ class ErpSettings:
     port: int = 8091
     db_path: Path = ROOT / "out" / "erp" / "erp.sqlite"
     secrets: tuple[str, ...] = ()
+    # Fatura's API (the edge's base URL): after its ledger commit the ERP acknowledges each result
+    # there, posted or rejected (POST /v1/deliveries/{id}:ack). None: it does not acknowledge.
+    ack_url: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ErpSettings:
@@ -41,12 +44,16 @@ class ErpSettings:
                 # Never echo a secret into a log, even a broken one.
                 raise SettingsError(f"FATURA_ERP_SECRETS: secret #{position} is not whsec_<base64>") from None
         db = Path(env_str(env, "FATURA_ERP_DB", str(cls.db_path)))
+        ack_url = env_str(env, "FATURA_ERP_ACK_URL", "").strip().rstrip("/") or None
+        if ack_url is not None and not ack_url.startswith(("http://", "https://")):
+            raise SettingsError(f"FATURA_ERP_ACK_URL={ack_url!r} is not an http(s) URL (the edge's base URL)")
         return cls(
             common=common,
             host=env_str(env, "FATURA_ERP_HOST", cls.host),
             port=env_int(env, "FATURA_ERP_PORT", cls.port, lo=1, hi=65535),
             db_path=db if db.is_absolute() else ROOT / db,
             secrets=secrets,
+            ack_url=ack_url,
         )
 
 
