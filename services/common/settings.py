@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -55,6 +56,33 @@ def env_set(env: Mapping[str, str], name: str) -> frozenset[str]:
     if raw is None:
         return frozenset()
     return frozenset(part.strip() for part in raw.split(",") if part.strip())
+
+
+_ON = frozenset({"1", "true", "yes", "on"})
+_OFF = frozenset({"0", "false", "no", "off"})
+
+
+def env_switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in _ON:
+        return True
+    if raw in _OFF:
+        return False
+    raise SettingsError(f"{name}={raw!r} is not one of 1, 0, true, false, yes, no, on, off")
+
+
+def is_loopback(host: str) -> bool:
+    """True when a listening ``host`` can only be reached from this machine. A name other than
+    ``localhost`` counts as reachable from elsewhere: what it resolves to is not known here."""
+    name = host.strip().strip("[]")
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)

@@ -3,42 +3,16 @@ who may call it: the shared token, TLS files and the reflection switch."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.common.settings import SettingsError, env_float, env_int, env_str
+from services.common.settings import SettingsError, env_float, env_int, env_str, env_switch, is_loopback
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "deploy" / "local" / "limiter.toml"
 MIN_TOKEN_LENGTH = 16
-_ON = frozenset({"1", "true", "yes", "on"})
-_OFF = frozenset({"0", "false", "no", "off"})
-
-
-def is_loopback(host: str) -> bool:
-    """True when ``host`` (FATURA_LIMITER_HOST) can only be reached from this machine. A name other
-    than ``localhost`` counts as reachable from elsewhere: what it resolves to is not known here."""
-    name = host.strip().strip("[]")
-    if name.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
-def _env_switch(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name, "").strip().lower()
-    if raw == "":
-        return default
-    if raw in _ON:
-        return True
-    if raw in _OFF:
-        return False
-    raise SettingsError(f"{name}={raw!r} is not one of 1, 0, true, false, yes, no, on, off")
 
 
 def _env_token(env: Mapping[str, str], name: str) -> str | None:
@@ -179,7 +153,7 @@ class LimiterSettings:
                 env, "FATURA_LIMITER_UNAVAILABLE_RETRY_MS", cls.unavailable_retry_ms, lo=1, hi=3_600_000
             ),
             token=_env_token(env, "FATURA_LIMITER_TOKEN"),
-            reflection=_env_switch(env, "FATURA_LIMITER_REFLECTION", cls.reflection),
+            reflection=env_switch(env, "FATURA_LIMITER_REFLECTION", cls.reflection),
             tls_cert=cert[1],
             tls_key=key[1],
             tls_client_ca=client_ca[1],
