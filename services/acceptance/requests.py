@@ -12,10 +12,13 @@ from jsonschema.exceptions import ValidationError
 
 from services.acceptance import schemas
 from services.acceptance.settings import AcceptanceSettings
-from services.common.api.errors import PayloadTooLarge, Unprocessable
+from services.common import states
+from services.common.api.errors import ApiError, PayloadTooLarge, Unprocessable
 from services.common.api.schema import RequestValidator
 
 _MAX_REPORTED_ERRORS = 10
+_MAX_CURSOR_LENGTH = 512
+DEFAULT_LIST_LIMIT = 50
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,31 @@ class CreateJob:
     priority: str
     deadline_seconds: int
     options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ListJobs:
+    state: str | None
+    cursor: str | None
+    limit: int
+
+
+def list_jobs(state: str | None, cursor: str | None, limit: str | None) -> ListJobs:
+    """The parameters of a job listing as the client sent them (None: not given), checked."""
+    if state is not None and state not in states.ALL:
+        raise ApiError(
+            f"state must be one of {sorted(states.ALL)}", code="invalid_query", details={"parameter": "state"}
+        )
+    raw_limit = str(DEFAULT_LIST_LIMIT) if limit is None else limit
+    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= schemas.MAX_LIST_LIMIT:
+        raise ApiError(
+            f"limit must be an integer from 1 to {schemas.MAX_LIST_LIMIT}",
+            code="invalid_query",
+            details={"parameter": "limit"},
+        )
+    if cursor is not None and len(cursor) > _MAX_CURSOR_LENGTH:
+        raise ApiError("the cursor is not one this server issued", code="invalid_cursor")
+    return ListJobs(state, cursor, int(raw_limit))
 
 
 class RequestParser:

@@ -9,16 +9,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from services.acceptance import requests
 from services.acceptance.accept import Acceptor
 from services.acceptance.documents import store_document
 from services.acceptance.idempotency import validate_key
 from services.acceptance.jobs import JobService
 from services.acceptance.requests import RequestParser
-from services.acceptance.schemas import MAX_LIST_LIMIT
 from services.acceptance.settings import AcceptanceSettings
-from services.common import states
 from services.common.api.context import ApiContext, json_response, only_query
-from services.common.api.errors import ApiError
 from services.common.ids import parse_uuid
 from services.common.uow import OutboxNotifier
 
@@ -53,16 +51,10 @@ def acceptance_routes(ctx: ApiContext, settings: AcceptanceSettings) -> list[Bas
         tenant = await ctx.tenant(request)
         only_query(request, "state", "cursor", "limit")
         q = request.query_params
-        state = q.get("state")
-        if state is not None and state not in states.ALL:
-            raise ApiError(f"state must be one of {sorted(states.ALL)}", code="invalid_query")
-        raw_limit = q.get("limit", "50")
-        if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= MAX_LIST_LIMIT:
-            raise ApiError(f"limit must be an integer from 1 to {MAX_LIST_LIMIT}", code="invalid_query")
-        cursor = q.get("cursor")
-        if cursor is not None and len(cursor) > 512:
-            raise ApiError("the cursor is not one this server issued", code="invalid_cursor")
-        return json_response(await jobs.list(tenant, state=state, cursor=cursor, limit=int(raw_limit)))
+        query = requests.list_jobs(q.get("state"), q.get("cursor"), q.get("limit"))
+        return json_response(
+            await jobs.list(tenant, state=query.state, cursor=query.cursor, limit=query.limit)
+        )
 
     async def get_job(request: Request) -> Response:
         tenant = await ctx.tenant(request)
