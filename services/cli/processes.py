@@ -70,6 +70,12 @@ PROCESSES: tuple[ProcessSpec, ...] = (
         "services.acceptance.settings:http_ready_url",
     ),
     ProcessSpec(
+        "jobs-grpc",
+        "services.acceptance.jobs_grpc.server:main",
+        "acceptance: gRPC JobService (:50051), the same job API for internal callers (metrics :9187)",
+        "services.acceptance.jobs_grpc.settings:ready_url",
+    ),
+    ProcessSpec(
         "relay",
         "services.acceptance.relay:main",
         "acceptance: outbox relay to RabbitMQ",
