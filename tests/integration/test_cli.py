@@ -115,6 +115,7 @@ def test_up_runs_the_stack_in_the_foreground_and_ctrl_c_stops_everything_it_star
 ) -> None:
     http_port, metrics_port, relay_port, limiter_port, limiter_metrics = (free_port() for _ in range(5))
     env = {
+    jobs_grpc_metrics = free_port()
         **os.environ,
         **base_env,
         "FATURA_HTTP_PORT": str(http_port),
@@ -128,6 +129,8 @@ def test_up_runs_the_stack_in_the_foreground_and_ctrl_c_stops_everything_it_star
         "FATURA_DELIVERY_WORKER_METRICS_PORT": str(free_port()),
         "FATURA_DELIVERY_SCHEDULER_METRICS_PORT": str(free_port()),
     }
+        "FATURA_JOBS_GRPC_PORT": str(free_port()),
+        "FATURA_JOBS_GRPC_METRICS_PORT": str(jobs_grpc_metrics),
     up = subprocess.Popen(
         [sys.executable, "-m", "services.cli.main", "up"],
         cwd=ROOT,
@@ -141,6 +144,7 @@ def test_up_runs_the_stack_in_the_foreground_and_ctrl_c_stops_everything_it_star
         f"http://127.0.0.1:{relay_port}/readyz",
         f"http://127.0.0.1:{limiter_metrics}/readyz",
     ]
+        f"http://127.0.0.1:{jobs_grpc_metrics}/readyz",
     try:
         deadline = time.monotonic() + 60
         pending = set(urls)
