@@ -37,6 +37,7 @@ from services.delivery.endpoints import Endpoints
 from services.delivery.settings import DeliverySettings
 from services.edge import metrics, openapi
 from services.edge.ops import ops_routes
+from services.edge.review_page import review_page_routes
 
 from services.inference.review.api import review_routes
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ def build_routes(edge: Edge) -> list[BaseRoute]:
         *review_routes(edge.context, dict(os.environ)),
         *delivery_routes(edge.context, edge.endpoints),
         *ops_routes(edge.context, edge.settings.common.queue_prefix),
+        *review_page_routes(),
         Route("/openapi.json", openapi_json, methods=["GET"], name="openapi"),
         Route("/healthz", healthz, methods=["GET"], name="healthz"),
         Route("/readyz", readyz, methods=["GET"], name="readyz"),

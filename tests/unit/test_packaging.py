@@ -117,7 +117,7 @@ def test_no_migration_is_left_outside_the_package() -> None:
 def test_the_wheel_ships_every_migration(tmp_path: Path) -> None:
     """Given a copy of the sources
     When a wheel is built from it with the pinned backend
-    Then every migration is inside it, where fatura migrate looks for them."""
+    Then every migration is inside it, where fatura migrate looks for them, and so is the reviewer page."""
     if importlib.util.find_spec("setuptools") is None:
         pytest.skip("setuptools (the build backend, in the dev extra) is not installed")
     source = tmp_path / "src"
@@ -140,6 +140,9 @@ def test_the_wheel_ships_every_migration(tmp_path: Path) -> None:
     expected = {f"services/migrations/{p.name}" for p in (ROOT / "services" / "migrations").glob("*.sql")}
     assert expected and expected <= names
     assert "services/common/migrate.py" in names
+    # The reviewer page's files, which the edge serves at /review
+    page = {f"services/edge/review_page/{name}" for name in ("index.html", "review.css", "review.js")}
+    assert page <= names
 
 
 # -- pins ---------------------------------------------------------------------------------------
