@@ -1,0 +1,80 @@
+"""The one way the stack, the benches and the tests start a child, wait for it and stop it."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from services.common.procs import ChildProcess, NotReady, accepts, answers, free_port, status
+
+# A child that serves /readyz (200) and /other (404) on the port it is given, and ignores SIGTERM
+# when asked to, so that stopping it has to fall back to SIGKILL.
+SERVER = """
+import http.server, signal, sys
+if sys.argv[2] == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/readyz" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+print("serving", flush=True)
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def _server(tmp_path: Path, port: int, mode: str = "polite") -> ChildProcess:
+    command = [sys.executable, "-c", SERVER, str(port), mode]
+    return ChildProcess.start("server", command, log_path=tmp_path / "logs" / "server.log")
+
+
+def test_a_free_port_is_one_nobody_listens_on() -> None:
+    port = free_port()
+    assert not accepts(port)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        assert accepts(port)
+
+
+def test_a_child_is_ready_when_its_url_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    with _server(tmp_path, port) as child:
+        url = f"http://127.0.0.1:{port}"
+        assert child.wait_ready(f"{url}/readyz", timeout=20) is child
+        assert answers(f"{url}/readyz") and status(f"{url}/other") == 404
+        assert child.wait_accepting(port, timeout=1) is child
+        assert child.stop(grace=10) == -signal.SIGTERM
+    assert not child.alive()
+    assert status(f"{url}/readyz") == 0
+    assert "serving" in child.log_tail()
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    port = free_port()
+    child = _server(tmp_path, port, "stubborn").wait_accepting(port, timeout=20)
+    started = time.monotonic()
+    assert child.stop(grace=0.5) == -signal.SIGKILL
+    assert time.monotonic() - started < 10
+
+
+def test_a_child_that_exits_before_it_is_ready_says_so_with_its_log(tmp_path: Path) -> None:
+    command = [sys.executable, "-c", "print('no database'); raise SystemExit(3)"]
+    child = ChildProcess.start("broken", command, log_path=tmp_path / "broken.log")
+    with pytest.raises(NotReady, match=r"(?s)broken exited with code 3.*no database"):
+        child.wait_ready(f"http://127.0.0.1:{free_port()}/readyz", timeout=20)
+
+
+def test_a_child_that_never_answers_is_not_ready_in_time(tmp_path: Path) -> None:
+    child = ChildProcess.start("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(NotReady, match=r"sleeper was not ready at .* within 0\.3s"):
+            child.wait_ready(f"http://127.0.0.1:{free_port()}/readyz", timeout=0.3)
+    finally:
+        assert child.stop(grace=5) == -signal.SIGTERM
