@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from services.cli.extras import EXTRAS
+from services.edge import review_page
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -141,8 +142,7 @@ def test_the_wheel_ships_every_migration(tmp_path: Path) -> None:
     assert expected and expected <= names
     assert "services/common/migrate.py" in names
     # The reviewer page's files, which the edge serves at /review
-    page = {f"services/edge/review_page/{name}" for name in ("index.html", "review.css", "review.js")}
-    assert page <= names
+    assert {f"services/edge/review_page/{name}" for name in review_page.ASSETS} <= names
 
 
 # -- pins ---------------------------------------------------------------------------------------

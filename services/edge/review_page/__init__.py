@@ -21,7 +21,11 @@ PAGE = "/review"
 ASSETS = {
     "index.html": (PAGE, "text/html; charset=utf-8"),
     "review.css": (f"{PAGE}/review.css", "text/css; charset=utf-8"),
-    "review.js": (f"{PAGE}/review.js", "text/javascript; charset=utf-8"),
+    # ES modules: review.js imports the others (no build step)
+    **{
+        name: (f"{PAGE}/{name}", "text/javascript; charset=utf-8")
+        for name in ("review.js", "api.js", "dom.js", "queue.js", "task.js")
+    },
 }
 CONTENT_SECURITY_POLICY = "; ".join(
     [
@@ -57,7 +61,7 @@ def review_page_routes() -> list[BaseRoute]:
     """The page's routes; the files are read once, when the edge builds its routes."""
     routes: list[BaseRoute] = []
     for name, (path, media_type) in ASSETS.items():
-        label = "review_page" if name == "index.html" else f"review_page_{name.rpartition('.')[2]}"
+        label = "review_page" if name == "index.html" else f"review_page_{name.replace('.', '_')}"
         routes.append(
             Route(path, _asset((HERE / name).read_bytes(), media_type), methods=["GET"], name=label)
         )
