@@ -16,10 +16,11 @@ import pytest
 
 from fix_amqp import delete_queues
 from fix_db import TenantHandle, drop_database, recreate_database
-from fix_processes import ServiceProcess, SpawnFn, free_port, start_edge
+from fix_processes import ServiceProcess, SpawnFn, start_edge
 from services.acceptance.tenants import TenantSpec, create_tenant, import_suppliers, parse_suppliers
 from services.common.db import SyncPool, sync_pool
 from services.common.migrate import migrate
+from services.common.procs import free_port
 from services.common.settings import CommonSettings
 from services.sandbox.samples import SUPPLIERS_CSV
 

@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,58 +9,17 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.common.procs import ChildProcess, fatura_command, free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@dataclass(eq=False)
+class ServiceProcess(ChildProcess):
+    """A ``fatura run NAME`` child, with the environment it was given over the test's own."""
 
-
-@dataclass
-class ServiceProcess:
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     base_url: str | None = None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def stop(self, timeout: float = 15.0) -> int:
-        if self.alive():
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return self.process.wait()
-
-    def kill(self) -> None:
-        if self.alive():
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-
-    def wait_exit(self, timeout: float) -> int:
-        return self.process.wait(timeout=timeout)
-
-    def wait_ready(self, url: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise AssertionError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(url, timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"{self.name} was not ready at {url} within {timeout}s:\n{self.log()}")
 
 
 @pytest.fixture(scope="session")
@@ -89,18 +42,14 @@ def spawn(base_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
     log_dir = tmp_path_factory.mktemp("process-logs")
 
     def start(name: str, **env: str) -> ServiceProcess:
-        full_env = {**os.environ, **base_env, **env}
-        log_path = log_dir / f"{name}-{len(started)}.log"
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "services.cli.main", "run", name],
-                cwd=ROOT,
-                env=full_env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        handle = ServiceProcess(name, process, log_path, {**base_env, **env})
+        handle = ServiceProcess.start(
+            name,
+            fatura_command("run", name),
+            env={**base_env, **env},
+            log_path=log_dir / f"{name}-{len(started)}.log",
+            cwd=ROOT,
+        )
+        handle.env = {**base_env, **env}
         started.append(handle)
         return handle
 

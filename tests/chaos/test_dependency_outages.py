@@ -11,12 +11,12 @@ import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
 import pytest
 
 from fix_pipeline import LIMITER_CONFIG, TERMINAL, Pipeline, StartPipeline
-from fix_processes import ServiceProcess, free_port
+from fix_processes import ServiceProcess
 from services.chaos.proxy import FaultProxy, ProxyThread
+from services.common.procs import free_port, status
 from services.sandbox.samples import load_samples
 
 pytestmark = pytest.mark.chaos
@@ -88,10 +88,7 @@ def pipe(
 
 
 def _ready(process: ServiceProcess, port_variable: str) -> int:
-    try:
-        return httpx.get(f"http://127.0.0.1:{process.env[port_variable]}/readyz", timeout=3).status_code
-    except httpx.HTTPError:
-        return 0
+    return status(f"http://127.0.0.1:{process.env[port_variable]}/readyz", timeout=3)
 
 
 def _burst(pipe: Pipeline, n: int) -> dict[str, str]:

@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fix_processes import ROOT, free_port
+from fix_processes import ROOT
+from services.common.procs import free_port
 
 pytestmark = pytest.mark.chaos
 

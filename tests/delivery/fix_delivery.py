@@ -24,10 +24,11 @@ from psycopg.types.json import Jsonb
 from fix_amqp import AMQP_URL
 from fix_api import job_body
 from fix_db import MakeTenant, SyncPool, TenantHandle
-from fix_processes import ServiceProcess, SpawnFn, free_port, start_edge
+from fix_processes import ServiceProcess, SpawnFn, start_edge
 from services.common import events
 from services.common.broker import QuorumRabbitmqBroker, make_broker
 from services.common.keyring import DEVELOPMENT_KEY, Keyring
+from services.common.procs import free_port
 from services.common.settings import CommonSettings
 from services.common.uow import JobChange, unit_of_work
 from services.delivery import signing
@@ -292,7 +293,6 @@ def register(
     worker, the endpoint's verification ping has been answered before this returns, so the faults a
     test sets next meet its own deliveries, not the ping."""
     made: list[Endpoint] = []
-
     sends = "worker" in request.fixturenames
 
     def ping_settled(delivery_id: str) -> bool:
@@ -301,6 +301,7 @@ def register(
                 "SELECT state FROM deliveries WHERE delivery_id = %s", (delivery_id,)
             ).fetchone()
         return row is not None and row["state"] not in ("pending", "delivering")
+
     def make(
         url: str, *, secret: str | None = None, tenant: TenantHandle | None = None, **extra: Any
     ) -> Endpoint:
@@ -312,10 +313,10 @@ def register(
         assert response.status_code == 201, response.text
         endpoint = Endpoint(tenant, response.json()["endpoint_id"], secret, response.json())
         made.append(endpoint)
-        return endpoint
         if sends:
             ping = endpoint.body["verification"]["delivery_id"]
             wait_for(lambda: ping_settled(ping), 20, f"the verification ping {ping} to be answered")
+        return endpoint
 
     yield make
     for endpoint in made:

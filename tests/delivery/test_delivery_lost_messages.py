@@ -12,8 +12,9 @@ import pytest
 
 from fix_db import SyncPool
 from fix_delivery import DELIVERY_ENV, Erp, Jobs, RegisterFn, settled, wait_for
-from fix_processes import ServiceProcess, SpawnFn, free_port
+from fix_processes import ServiceProcess, SpawnFn
 from services.common.messages import parse_event
+from services.common.procs import free_port
 from services.delivery import payload, store
 
 

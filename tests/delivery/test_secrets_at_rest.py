@@ -29,9 +29,10 @@ from fix_delivery import (
     insert_secret,
     wait_for,
 )
-from fix_processes import ROOT, ServiceProcess, SpawnFn, free_port
+from fix_processes import ROOT, ServiceProcess, SpawnFn
 from services.common.keyring import DEVELOPMENT_KEY, Keyring, KeyringError, Sealed, new_key_spec
 from services.common.migrate import migrate
+from services.common.procs import free_port
 from services.common.settings import SettingsError
 from services.delivery import signing, store
 from services.delivery.settings import DeliverySettings

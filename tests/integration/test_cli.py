@@ -14,8 +14,9 @@ from pathlib import Path
 import httpx
 
 from fix_db import SyncPool
-from fix_processes import ROOT, free_port
+from fix_processes import ROOT
 from services.common.api import apikeys
+from services.common.procs import answers, free_port
 
 
 def _fatura(*args: str, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -114,8 +115,8 @@ def test_up_runs_the_stack_in_the_foreground_and_ctrl_c_stops_everything_it_star
     base_env: dict[str, str],
 ) -> None:
     http_port, metrics_port, relay_port, limiter_port, limiter_metrics = (free_port() for _ in range(5))
-    env = {
     jobs_grpc_metrics = free_port()
+    env = {
         **os.environ,
         **base_env,
         "FATURA_HTTP_PORT": str(http_port),
@@ -128,9 +129,9 @@ def test_up_runs_the_stack_in_the_foreground_and_ctrl_c_stops_everything_it_star
         # The delivery processes' ops ports, so a stack already running here does not collide.
         "FATURA_DELIVERY_WORKER_METRICS_PORT": str(free_port()),
         "FATURA_DELIVERY_SCHEDULER_METRICS_PORT": str(free_port()),
-    }
         "FATURA_JOBS_GRPC_PORT": str(free_port()),
         "FATURA_JOBS_GRPC_METRICS_PORT": str(jobs_grpc_metrics),
+    }
     up = subprocess.Popen(
         [sys.executable, "-m", "services.cli.main", "up"],
         cwd=ROOT,
@@ -143,18 +144,13 @@ def test_up_runs_the_stack_in_the_foreground_and_ctrl_c_stops_everything_it_star
         f"http://127.0.0.1:{http_port}/readyz",
         f"http://127.0.0.1:{relay_port}/readyz",
         f"http://127.0.0.1:{limiter_metrics}/readyz",
-    ]
         f"http://127.0.0.1:{jobs_grpc_metrics}/readyz",
+    ]
     try:
         deadline = time.monotonic() + 60
         pending = set(urls)
         while pending and time.monotonic() < deadline and up.poll() is None:
-            for url in list(pending):
-                try:
-                    if httpx.get(url, timeout=1).status_code == 200:
-                        pending.discard(url)
-                except httpx.HTTPError:
-                    pass
+            pending = {url for url in pending if not answers(url)}
             time.sleep(0.2)
         assert not pending, f"not ready: {pending}"
 

@@ -19,9 +19,10 @@ from psycopg import sql
 from psycopg.rows import DictRow
 
 from fix_db import MakeTenant, drop_database
-from fix_processes import SpawnFn, free_port
+from fix_processes import SpawnFn
 from services.common.db import connect, session_kwargs
 from services.common.migrate import migrate
+from services.common.procs import free_port
 from services.common.settings import CommonSettings
 
 ROLES = ("fatura_edge", "fatura_relay", "fatura_inference", "fatura_delivery")

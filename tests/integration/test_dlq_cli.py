@@ -15,8 +15,8 @@ import pytest
 from fix_amqp import AMQP_URL, delete_queues
 from fix_db import SyncPool
 from fix_ops import dead_letter, dead_letter_row, fatura
-from fix_processes import free_port
 from services.common.broker import make_broker
+from services.common.procs import free_port
 from services.common.settings import CommonSettings
 
 

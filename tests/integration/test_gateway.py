@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from fix_processes import ServiceProcess, SpawnFn, free_port
+from fix_processes import ServiceProcess, SpawnFn
+from services.common.procs import free_port
 from services.inference.prompt import build_messages
 from services.inference.providers import Gateway, GatewaySettings, ProviderRequest, ProviderResult
 from services.inference.providers.base import ErrorClass, PermitDenied, PermitGranted

@@ -13,7 +13,8 @@ import pytest
 from fix_amqp import Delivered, QueueReader
 from fix_api import SubmitFn
 from fix_db import SyncPool, TenantHandle
-from fix_processes import ServiceProcess, SpawnFn, free_port
+from fix_processes import ServiceProcess, SpawnFn
+from services.common.procs import free_port
 
 StartRelay = Callable[..., ServiceProcess]
 

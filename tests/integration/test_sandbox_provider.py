@@ -16,7 +16,8 @@ import openai
 import pytest
 from stdnum import iban as stdnum_iban
 
-from fix_processes import ServiceProcess, SpawnFn, free_port
+from fix_processes import ServiceProcess, SpawnFn
+from services.common.procs import free_port
 from services.inference.prompt import build_messages
 from services.inference.validation import resolve_span
 from services.sandbox.provider.extract import extract

@@ -11,10 +11,11 @@ import pytest
 
 from fix_amqp import delete_queues
 from fix_db import drop_database, recreate_database
-from fix_processes import SpawnFn, free_port
+from fix_processes import SpawnFn
 from services.acceptance.tenants import TenantSpec, create_tenant
 from services.common.db import SyncPool, sync_pool
 from services.common.migrate import migrate
+from services.common.procs import free_port
 from services.common.settings import CommonSettings
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +23,7 @@ import pytest
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.procs import ChildProcess, free_port
 from services.limiter.client import LimiterClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,12 +82,6 @@ daily_token_budget = 10000
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def delete_prefix(url: str, prefix: str) -> None:
     client = redis.Redis.from_url(url, socket_timeout=2)
     try:
@@ -101,15 +94,22 @@ def delete_prefix(url: str, prefix: str) -> None:
 
 @dataclass
 class LimiterProcess:
-    process: subprocess.Popen[bytes]
+    child: ChildProcess
     port: int
     metrics_port: int
     config_path: Path
-    log_path: Path
     key_prefix: str
     redis_url: str
     token: str | None = None  # the FATURA_LIMITER_TOKEN it was started with
     credentials: Any = None  # grpc.ChannelCredentials for a TLS limiter; None: plaintext
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.child.process
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.child.log_path
 
     @property
     def address(self) -> str:
@@ -120,10 +120,10 @@ class LimiterProcess:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.child.log()
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        return self.child.alive()
 
     def client(self, **kwargs: object) -> LimiterClient:
         """A client with the limiter's own token and TLS credentials unless told otherwise."""
@@ -163,13 +163,7 @@ class LimiterProcess:
         os.kill(self.process.pid, signum)
 
     def stop(self) -> int:
-        if self.alive():
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
+        return self.child.stop(grace=15)
 
 
 def spawn_limiter(
@@ -188,7 +182,6 @@ def spawn_limiter(
     port, metrics_port = free_port(), free_port()
     prefix = f"fatura:test:{name}"
     full_env = {
-        **os.environ,
         "FATURA_REDIS_URL": redis_url,
         "FATURA_LIMITER_CONFIG": str(config_path),
         "FATURA_LIMITER_PORT": str(port),
@@ -197,18 +190,10 @@ def spawn_limiter(
         "PYTHONUNBUFFERED": "1",
         **(env or {}),
     }
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "services.limiter.server"],
-            cwd=ROOT,
-            env=full_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    token = full_env.get("FATURA_LIMITER_TOKEN") or None
-    return LimiterProcess(
-        process, port, metrics_port, config_path, log_path, prefix, redis_url, token, credentials
-    )
+    command = [sys.executable, "-m", "services.limiter.server"]
+    child = ChildProcess.start("limiter", command, env=full_env, log_path=log_path, cwd=ROOT)
+    token = {**os.environ, **full_env}.get("FATURA_LIMITER_TOKEN") or None
+    return LimiterProcess(child, port, metrics_port, config_path, prefix, redis_url, token, credentials)
 
 
 def _teardown(limiter: LimiterProcess) -> None:
@@ -264,44 +249,28 @@ class PrivateRedis:
 
     port: int
     workdir: Path
-    process: subprocess.Popen[bytes] | None = None
+    child: ChildProcess | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return None if self.child is None else self.child.process
+
     def start(self) -> None:
-        assert self.process is None or self.process.poll() is not None
-        self.process = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        assert self.child is None or not self.child.alive()
+        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        command += ["--appendonly", "no", "--dir", str(self.workdir)]
+        self.child = ChildProcess.start(
+            "private redis-server", command, log_path=self.workdir / f"redis-{self.port}.log"
         )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                redis.Redis(port=self.port, socket_timeout=0.5).ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        raise AssertionError(f"private redis-server on port {self.port} did not start")
+        self.child.wait_accepting(self.port, timeout=10)
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
+        if self.child is not None and self.child.alive():
+            self.child.kill()
 
 
 @pytest.fixture

@@ -15,8 +15,9 @@ import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from services.common.procs import free_port
 from services.limiter.model import Denial, DenyReason, Grant, Outcome
-from tests.limiter.conftest import ROOT, SHARED_REDIS_URL, free_port
+from tests.limiter.conftest import ROOT, SHARED_REDIS_URL
 
 if TYPE_CHECKING:
     from tests.limiter.conftest import LimiterProcess, StartLimiter

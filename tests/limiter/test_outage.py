@@ -14,6 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 from prometheus_client import REGISTRY
 
+from services.common.procs import free_port
 from services.common.protos.fatura.limiter.v1 import limiter_pb2 as pb
 from services.common.protos.fatura.limiter.v1 import limiter_pb2_grpc as pb_grpc
 from services.limiter.client import LimiterClient
@@ -22,7 +23,6 @@ from services.limiter.emergency import EmergencyQuota
 from services.limiter.errors import LimiterUnavailable
 from services.limiter.model import Denial, DenyReason, Grant, Outcome
 from services.limiter.settings import LimiterSettings
-from tests.limiter.conftest import free_port
 
 if TYPE_CHECKING:
     from tests.limiter.conftest import PrivateRedis, StartLimiter
