@@ -104,3 +104,33 @@ def http_ready_url() -> str:
 
 def relay_ready_url() -> str:
     return f"http://127.0.0.1:{RelaySettings.from_env().metrics_port}/readyz"
+
+
+@dataclass(frozen=True)
+class EventSettings:
+    """The job event feed (``services/acceptance/feed.py``): SSE at the edge, ``Watch`` in gRPC, and
+    the relay's pruning of old events."""
+
+    # Events older than this are deleted by the relay; a client resuming from before them gets a
+    # snapshot of its jobs instead.
+    retention_hours: float = 720.0
+    # While streams are open, the feed reads new events at least this often (a commit that writes an
+    # outbox event wakes it at once).
+    poll_seconds: float = 0.1
+    heartbeat_seconds: float = 15.0
+    # How often the keys of open streams are looked up again: a revoked key's stream ends within it.
+    auth_recheck_seconds: float = 5.0
+    # Events queued for one slow stream before it stops taking live events and catches up from the
+    # database instead (its memory stays bounded).
+    subscriber_buffer: int = 1000
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> EventSettings:
+        env = os.environ if env is None else env
+        return cls(
+            retention_hours=env_float(env, "FATURA_EVENT_RETENTION_HOURS", 720.0, lo=0.001, hi=876_000),
+            poll_seconds=env_float(env, "FATURA_EVENT_POLL_SECONDS", 0.1, lo=0.005, hi=60.0),
+            heartbeat_seconds=env_float(env, "FATURA_EVENT_HEARTBEAT_SECONDS", 15.0, lo=0.05, hi=3600.0),
+            auth_recheck_seconds=env_float(env, "FATURA_EVENT_AUTH_RECHECK_SECONDS", 5.0, lo=0.05, hi=3600.0),
+            subscriber_buffer=env_int(env, "FATURA_EVENT_SUBSCRIBER_BUFFER", 1000, lo=1, hi=1_000_000),
+        )

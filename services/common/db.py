@@ -151,5 +151,18 @@ def connect(
     return Connection.connect(settings.database_url, **kwargs)
 
 
+async def async_connect(
+    settings: CommonSettings,
+    *,
+    autocommit: bool = False,
+    role: str = "admin",
+    name: str = "cli",
+    db_role: str | None = None,
+) -> AsyncConnection[DictRow]:
+    """A single asyncio connection with dict rows, for a listener of its own."""
+    kwargs = session_kwargs(name, role, autocommit=autocommit, db_role=_db_role(settings, db_role))
+    return await AsyncConnection.connect(settings.database_url, **kwargs)
+
+
 def _db_role(settings: CommonSettings, db_role: str | None) -> str | None:
     return db_role if settings.db_roles else None

@@ -1,0 +1,159 @@
+"""The job event feed in-process against the real PostgreSQL: events go out in seq order, and a seq
+that commits after a higher one is waited for, never skipped."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+
+from fix_db import MakeTenant, SyncPool
+from fix_events import CHANGE, change_state, new_job
+from services.acceptance.feed import EventFeed, FeedItem, JobEvent, Snapshot, Subscription
+from services.acceptance.settings import EventSettings
+from services.common.db import async_pool
+from services.common.settings import CommonSettings
+from services.common.uow import RECORD_JOB_EVENT, JobChange
+
+T = TypeVar("T")
+SETTINGS = EventSettings(poll_seconds=0.05, heartbeat_seconds=0.2)
+
+
+def run_with_feed(common: CommonSettings, body: Callable[[EventFeed], Awaitable[T]]) -> T:
+    async def main() -> T:
+        pool = async_pool(common, name="feed-test", max_size=2, autocommit=True)
+        await pool.open()
+        feed = EventFeed(common, SETTINGS, pool, name="feed-test")
+        await feed.start()
+        try:
+            return await body(feed)
+        finally:
+            await feed.stop()
+            await pool.close()
+
+    return asyncio.run(main())
+
+
+async def collect(subscription: Subscription, count: int, timeout: float = 10.0) -> list[FeedItem]:
+    items: list[FeedItem] = []
+    async with asyncio.timeout(timeout):
+        async for batch in subscription.batches(heartbeat=0.2):
+            items.extend(batch)
+            if len(items) >= count:
+                return items
+    return items
+
+
+async def quiet_for(subscription: Subscription, seconds: float) -> list[FeedItem]:
+    """What arrives within ``seconds`` (heartbeats are empty batches)."""
+    items: list[FeedItem] = []
+    try:
+        async with asyncio.timeout(seconds):
+            async for batch in subscription.batches(heartbeat=0.1):
+                items.extend(batch)
+    except TimeoutError:
+        pass
+    return items
+
+
+def open_change(
+    database_url: str, tenant_id: uuid.UUID, job_id: uuid.UUID, state: str
+) -> psycopg.Connection[Any]:
+    """A state change whose transaction has taken its event's seq and is still open."""
+    conn = psycopg.connect(database_url, row_factory=dict_row)
+    row = conn.execute(CHANGE, {"state": state, "job_id": job_id}).fetchone()
+    assert row is not None
+    conn.execute(RECORD_JOB_EVENT, JobChange(tenant_id, job_id, state, row["state_version"], None).params())
+    return conn
+
+
+def test_events_of_the_tenants_jobs_go_out_in_seq_order_after_a_snapshot(
+    common_settings: CommonSettings, pool: SyncPool, make_tenant: MakeTenant
+) -> None:
+    tenant, other = make_tenant(), make_tenant()
+
+    async def body(feed: EventFeed) -> list[FeedItem]:
+        while feed.watermark is None:
+            await asyncio.sleep(0.02)
+        async with await feed.subscribe(tenant.id) as subscription:
+            job = await asyncio.to_thread(new_job, pool, tenant.id)
+            await asyncio.to_thread(new_job, pool, other.id)
+            await asyncio.to_thread(change_state, pool, tenant.id, job, "RUNNING")
+            await asyncio.to_thread(change_state, pool, tenant.id, job, "SUCCEEDED")
+            return await collect(subscription, 4)
+
+    items = run_with_feed(common_settings, body)
+    assert isinstance(items[0], Snapshot) and items[0].reason == "no_cursor"
+    events = [i for i in items[1:] if isinstance(i, JobEvent)]
+    assert [(e.state, e.state_version) for e in events] == [("READY", 1), ("RUNNING", 2), ("SUCCEEDED", 3)]
+    assert [e.seq for e in events] == sorted(e.seq for e in events)
+    assert {e.tenant_id for e in events} == {tenant.id}
+
+
+def test_a_lower_seq_that_commits_late_is_waited_for_and_not_skipped(
+    common_settings: CommonSettings, database_url: str, pool: SyncPool, make_tenant: MakeTenant
+) -> None:
+    tenant = make_tenant()
+    first, second = new_job(pool, tenant.id), new_job(pool, tenant.id)
+
+    async def body(feed: EventFeed) -> tuple[list[FeedItem], list[FeedItem], list[int]]:
+        async with await feed.subscribe(tenant.id) as subscription:
+            await collect(subscription, 1)  # the snapshot
+            # Given a transaction that took the lower seq and has not committed
+            slow = await asyncio.to_thread(open_change, database_url, tenant.id, first, "RUNNING")
+            try:
+                # When a later transaction takes the next seq and commits first
+                await asyncio.to_thread(change_state, pool, tenant.id, second, "RUNNING")
+                # Then nothing goes out while the lower one may still commit
+                early = await quiet_for(subscription, 1.0)
+                await asyncio.to_thread(slow.commit)
+            finally:
+                await asyncio.to_thread(slow.close)
+            # And once it has, both go out, the lower first
+            late = await collect(subscription, 2)
+            seqs = [(await asyncio.to_thread(_seq_of, pool, job, 2)) for job in (first, second)]
+        return early, late, seqs
+
+    early, late, seqs = run_with_feed(common_settings, body)
+    assert early == []
+    assert seqs[0] < seqs[1]
+    assert [(e.job_id, e.seq) for e in late if isinstance(e, JobEvent)] == [
+        (first, seqs[0]),
+        (second, seqs[1]),
+    ]
+
+
+def test_a_rolled_back_seq_holds_later_events_only_briefly(
+    common_settings: CommonSettings, database_url: str, pool: SyncPool, make_tenant: MakeTenant
+) -> None:
+    tenant = make_tenant()
+    first, second = new_job(pool, tenant.id), new_job(pool, tenant.id)
+
+    async def body(feed: EventFeed) -> tuple[list[FeedItem], float]:
+        async with await feed.subscribe(tenant.id) as subscription:
+            await collect(subscription, 1)
+            doomed = await asyncio.to_thread(open_change, database_url, tenant.id, first, "RUNNING")
+            await asyncio.to_thread(change_state, pool, tenant.id, second, "RUNNING")
+            await asyncio.to_thread(doomed.rollback)
+            await asyncio.to_thread(doomed.close)
+            started = time.monotonic()
+            items = await collect(subscription, 1)
+            return items, time.monotonic() - started
+
+    items, waited = run_with_feed(common_settings, body)
+    assert [(e.job_id, e.state) for e in items if isinstance(e, JobEvent)] == [(second, "RUNNING")]
+    assert waited < 2.0
+
+
+def _seq_of(pool: SyncPool, job_id: uuid.UUID, version: int) -> int:
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT seq FROM job_events WHERE job_id = %s AND state_version = %s", (job_id, version)
+        ).fetchone()
+    assert row is not None
+    return int(row["seq"])
