@@ -98,6 +98,9 @@ def test_accepted_and_summary_bodies_convert_without_loss() -> None:
     response = messages.submit_response(accepted, replayed=True)
     page = messages.job_list({"jobs": [summary], "next_cursor": None})
 
+    assert response == _strict(
+        {**accepted, "state": "JOB_STATE_READY", "replayed": True}, pb.SubmitResponse()
+    )
     assert response.replayed and response.message == accepted["message"]
     assert (
         response.state == pb.JOB_STATE_READY and response.poll_after_seconds == accepted["poll_after_seconds"]

@@ -58,7 +58,18 @@ def submit_body(request: pb.SubmitRequest) -> JSON:
 
 
 def submit_response(accepted: JSON, *, replayed: bool) -> pb.SubmitResponse:
-    return _parse({**_enums(accepted), "replayed": replayed}, pb.SubmitResponse())
+    # Built field by field, not parsed: the answer every Submit pays for.
+    return pb.SubmitResponse(
+        job_id=accepted["job_id"],
+        state=pb.JobState.Value(_STATE_PREFIX + accepted["state"]),
+        done=accepted["done"],
+        state_version=accepted["state_version"],
+        status_url=accepted["status_url"],
+        poll_after_seconds=accepted["poll_after_seconds"],
+        estimated_duration_seconds=accepted["estimated_duration_seconds"],
+        message=accepted["message"],
+        replayed=replayed,
+    )
 
 
 def job_status(status: JSON) -> pb.JobStatus:
