@@ -163,7 +163,7 @@ class Acceptor:
         )
         if rejection is not None:
             metrics.ADMISSION_REJECTIONS.labels(rejection.limit).inc()
-            raise _refusal(rejection)
+            raise refusal(rejection)
         return await self._write(tenant, key, request, plan, usage)
 
     def _comfortable(self, tenant: Tenant, usage: admission.Usage, cost: admission.JobCost) -> bool:
@@ -252,8 +252,12 @@ def write_params(
     request: CreateJob,
     plan: Plan,
     job_id: uuid.UUID,
+    *,
+    batch_id: uuid.UUID | None = None,
+    batch_index: int | None = None,
 ) -> dict[str, Any]:
-    """Parameters of ``accept_job``: the job row plus the JobChange the unit of work would record."""
+    """Parameters of ``accept_job``: the job row plus the JobChange the unit of work would record;
+    for an item of a batch, the batch and the item's index in it."""
     change = JobChange(
         tenant_id=tenant_id,
         job_id=job_id,
@@ -280,10 +284,12 @@ def write_params(
         "options": Jsonb(request.options),
         "priority": request.priority,
         "deadline_seconds": request.deadline_seconds,
+        "batch_id": batch_id,
+        "batch_index": batch_index,
     }
 
 
-def _refusal(rejection: admission.Rejection) -> ApiError:
+def refusal(rejection: admission.Rejection) -> ApiError:
     return ApiError(
         rejection.message,
         status=rejection.status,

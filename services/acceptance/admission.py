@@ -62,9 +62,13 @@ def decide(
     now: datetime,
     quota_retry_after: int,
     backlog_retry_after: int,
+    jobs: int = 1,
 ) -> Rejection | None:
-    """None when the job may be accepted, else the first limit it would break."""
-    if usage.system_pending_jobs + 1 > max_system_backlog:
+    """None when the work may be accepted, else the first limit it would break.
+
+    ``jobs`` jobs of ``cost`` in all (a batch is decided as a whole: every job or none).
+    """
+    if usage.system_pending_jobs + jobs > max_system_backlog:
         return Rejection(
             503,
             "system_backlog",
@@ -75,7 +79,7 @@ def decide(
             f"Nothing was created. Retry after {backlog_retry_after} seconds.",
         )
     tenant_checks = (
-        ("pending_jobs", usage.pending_jobs, 1, limits.max_pending_jobs, "pending jobs"),
+        ("pending_jobs", usage.pending_jobs, jobs, limits.max_pending_jobs, "pending jobs"),
         (
             "pending_bytes",
             usage.pending_bytes,

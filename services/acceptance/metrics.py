@@ -17,3 +17,8 @@ ADMISSION_REJECTIONS = Counter(
     "Jobs refused by admission, by the limit that refused them",
     ["limit"],
 )
+BATCHES_ACCEPTED = Counter("fatura_batches_accepted_total", "Extraction batches created", ["priority"])
+BATCHES_CLOSED = Counter(
+    "fatura_batches_closed_by_sweep_total",
+    "Batches the relay's sweep closed because their last items finished at the same instant",
+)

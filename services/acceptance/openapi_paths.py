@@ -1,9 +1,10 @@
-"""The acceptance service's part of ``/openapi.json``: documents and extraction jobs, built from the
-same JSON Schemas the server validates requests with."""
+"""The acceptance service's part of ``/openapi.json``: documents, extraction jobs and batches, built
+from the same JSON Schemas the server validates requests with."""
 
 from __future__ import annotations
 
 from services.acceptance import schemas
+from services.acceptance.batches import openapi as batch_openapi
 from services.acceptance.idempotency import MAX_KEY_LENGTH
 from services.acceptance.settings import AcceptanceSettings
 from services.common import states
@@ -19,6 +20,7 @@ def components(settings: AcceptanceSettings) -> JSON:
         "JobList": schemas.JOB_LIST,
         "CreateDocument": schemas.create_document_request(),
         "CreateJob": schemas.create_job_request((settings.model_policy,)),
+        **batch_openapi.components(settings),
     }
 
 
@@ -140,4 +142,5 @@ def paths(security: list[JSON]) -> JSON:
                 },
             }
         },
+        **batch_openapi.paths(security),
     }

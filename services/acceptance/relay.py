@@ -7,7 +7,9 @@ consumers dedup by event id, which is also the message id. No transaction is hel
 publishing. NOTIFY wakes the relay at once; a periodic sweep covers a lost wake-up.
 
 The relay is also acceptance's housekeeper: once a minute it deletes documents no job references
-whose retention has passed (``documents.prune_documents``).
+whose retention has passed (``documents.prune_documents``), and every sweep it closes batches whose
+last items finished at the same instant, which their own changes could not see
+(``batches.close_finished_batches``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dramatiq.errors import BrokerConnectionError
 from prometheus_client import Counter, Gauge
 from psycopg_pool import ConnectionPool
 
+from services.acceptance.batches import close_finished_batches
 from services.acceptance.documents import prune_documents
 from services.acceptance.settings import RelaySettings
 from services.common import faults, readiness
@@ -63,6 +66,7 @@ class Relay:
         self.broker = broker
         self._last_backlog_check = 0.0
         self._last_housekeeping = 0.0
+        self._last_batch_sweep = 0.0
 
     def relay_once(self) -> int:
         """Claim, publish and mark one batch. Returns how many events were claimed."""
@@ -148,6 +152,17 @@ class Relay:
             log.info("deleted %d documents (%d bytes) no job references, past their retention", count, size)
         return count
 
+    def close_batches(self, *, force: bool = False) -> int:
+        """At most once per sweep interval: close batches every item of which is final."""
+        now = time.monotonic()
+        if not force and now - self._last_batch_sweep < self.settings.sweep_interval_seconds:
+            return 0
+        self._last_batch_sweep = now
+        closed = close_finished_batches(self.pool)
+        if closed:
+            log.info("closed %d batches whose last items finished together", closed)
+        return closed
+
     def run(self, stop: threading.Event) -> None:
         s = self.settings
         listener: psycopg.Connection[Any] | None = None
@@ -162,6 +177,7 @@ class Relay:
                 claimed = self.relay_once()
                 self.update_backlog_metrics(force=claimed == 0)
                 self.housekeeping()
+                self.close_batches()
                 failures = 0
                 if claimed >= s.batch_size:
                     continue

@@ -82,15 +82,15 @@ class RequestParser:
         self._job = RequestValidator(schemas.create_job_request((settings.model_policy,)))
 
     def create_document(self, body: Any) -> CreateDocument:
-        _validate(self._document, body)
+        validate_body(self._document, body)
         new_version_of = uuid.UUID(body["document_id"]) if "document_id" in body else None
-        return CreateDocument(self._document_body(body), new_version_of)
+        return CreateDocument(self.document_body(body), new_version_of)
 
     def create_job(self, body: Any) -> CreateJob:
-        _validate(self._job, body)
+        validate_body(self._job, body)
         document: DocumentBody | DocumentRef
         if "document" in body:
-            document = self._document_body(body["document"])
+            document = self.document_body(body["document"])
         else:
             document = DocumentRef(uuid.UUID(body["document_id"]), int(body["document_version"]))
         return CreateJob(
@@ -101,7 +101,7 @@ class RequestParser:
             options=dict(body.get("options", {})),
         )
 
-    def _document_body(self, body: dict[str, Any]) -> DocumentBody:
+    def document_body(self, body: dict[str, Any]) -> DocumentBody:
         text: str = body["text"]
         filename: str | None = body.get("filename")
         try:
@@ -122,7 +122,7 @@ class RequestParser:
         return DocumentBody(text, filename, len(data), hashlib.sha256(data).hexdigest())
 
 
-def _validate(validator: Any, body: Any) -> None:
+def validate_body(validator: Any, body: Any) -> None:
     found = sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))
     if not found:
         return

@@ -11,6 +11,7 @@ from starlette.routing import BaseRoute, Route
 
 from services.acceptance import requests
 from services.acceptance.accept import Acceptor
+from services.acceptance.batches.api import batch_routes
 from services.acceptance.documents import store_document
 from services.acceptance.idempotency import validate_key
 from services.acceptance.jobs import JobService
@@ -72,4 +73,5 @@ def acceptance_routes(ctx: ApiContext, settings: AcceptanceSettings) -> list[Bas
         Route("/v1/extraction-jobs", list_jobs, methods=["GET"], name="list_jobs"),
         Route("/v1/extraction-jobs/{job_id}:cancel", cancel_job, methods=["POST"], name="cancel_job"),
         Route("/v1/extraction-jobs/{job_id}", get_job, methods=["GET"], name="get_job"),
+        *batch_routes(ctx, settings, notifier, parser),
     ]

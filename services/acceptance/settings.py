@@ -34,6 +34,10 @@ class AcceptanceSettings:
     admission_cache_seconds: float = 0.1
     model_policy: str = "default"
     policy_version: str = "invoice-policy.v2"
+    max_batch_items: int = 10_000
+    # A batch body carries every inline document at once; larger documents go by id (uploaded
+    # first with POST /v1/documents), so the batch body has a cap of its own.
+    max_batch_body_bytes: int = 32 * MIB
 
     @property
     def max_body_bytes(self) -> int:
@@ -67,6 +71,10 @@ class AcceptanceSettings:
             admission_cache_seconds=env_float(env, "FATURA_ADMISSION_CACHE_SECONDS", 0.1, lo=0.0, hi=10.0),
             model_policy=env_str(env, "FATURA_MODEL_POLICY", "default"),
             policy_version=env_str(env, "FATURA_POLICY_VERSION", "invoice-policy.v2"),
+            max_batch_items=env_int(env, "FATURA_MAX_BATCH_ITEMS", 10_000, lo=1, hi=100_000),
+            max_batch_body_bytes=env_int(
+                env, "FATURA_MAX_BATCH_BODY_BYTES", 32 * MIB, lo=64 * 1024, hi=1024 * MIB
+            ),
         )
 
 

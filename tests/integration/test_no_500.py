@@ -10,6 +10,7 @@ import base64
 import json
 import re
 import uuid
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -18,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fix_db import SyncPool, TenantHandle
+from fix_db import MakeTenant, SyncPool, TenantHandle
 from fix_ops import make_operator
 from fix_processes import ServiceProcess
 
@@ -77,6 +78,13 @@ def _assert_typed(response: httpx.Response) -> None:
 
 
 @pytest.fixture(scope="module")
+def client_module(edge: ServiceProcess) -> Iterator[httpx.Client]:
+    assert edge.base_url is not None
+    with httpx.Client(base_url=edge.base_url, timeout=30.0) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
 def operator_key(pool: SyncPool) -> str:
     return make_operator(pool, "no-500 tests").api_key
 
@@ -124,6 +132,29 @@ def test_any_list_query_is_a_typed_answer(
         ("/v1/ops/dead-letters", {"limit": limit, "since": state, "reason": cursor}),
     ):
         _assert_typed(client.get(path, params=params, headers=_headers(path, tenant, operator_key)))
+
+
+@pytest.fixture(scope="module")
+def batch_owner(client_module: httpx.Client, make_tenant_module: MakeTenant) -> tuple[TenantHandle, str]:
+    tenant = make_tenant_module()
+    reply = client_module.post(
+        "/v1/extraction-batches",
+        json={"items": [{"document": {"text": "FATURA"}}, {"document": {"text": "FATURA 2"}}]},
+        headers={**tenant.headers, "Idempotency-Key": "no-500-batch"},
+    )
+    assert reply.status_code == 202, reply.text
+    return tenant, reply.json()["batch_id"]
+
+
+@_SETTINGS
+@given(limit=_NUMBERS, cursor=_cursors(), state=st.text(max_size=20))
+def test_any_batch_items_query_is_a_typed_answer(
+    client: httpx.Client, batch_owner: tuple[TenantHandle, str], limit: str, cursor: str, state: str
+) -> None:
+    tenant, batch_id = batch_owner
+    path = f"/v1/extraction-batches/{batch_id}/items"
+    for params in ({"limit": limit, "cursor": cursor, "state": state}, {"cursor": cursor}, {"limit": limit}):
+        _assert_typed(client.get(path, params=params, headers=tenant.headers))
 
 
 @_SETTINGS
