@@ -25,12 +25,12 @@ import httpx
 import psycopg
 
 from bench import cpu, load, report
-from bench.procs import free_port
 from bench.resources import add_database_argument
 from bench.stack import Stack
 from services.acceptance.tenants import TenantSpec, create_tenant
 from services.common.broker import make_broker
 from services.common.keyring import DEVELOPMENT_KEY, Keyring
+from services.common.procs import free_port
 from services.delivery import payload, signing
 from services.delivery.endpoints import register_endpoint
 from services.delivery.settings import DeliverySettings

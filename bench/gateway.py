@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import report, resources
-from bench.procs import Proc, free_port, spawn
+from bench.procs import Proc, spawn
 from bench.report import percentile
+from services.common.procs import free_port
 from services.inference.prompt import build_messages
 from services.inference.providers.base import PermitDenied, PermitGranted, ProviderRequest
 from services.inference.providers.breaker_store import RedisBreakers, connect

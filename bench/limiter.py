@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench import cpu, load, report, resources
-from bench.procs import Proc, free_port, spawn
+from bench.procs import Proc, spawn
 from bench.report import percentile
+from services.common.procs import free_port
 
 POOL_TOML = """
 [pools.{pool}]

@@ -230,12 +230,12 @@ def start_profilers(workers: list[Any], layout: str, seconds: float) -> list[sub
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     made = []
     for worker in workers:
-        out = OUT_DIR / f"bench-pipeline-{layout}-{worker.popen.pid}.folded"
-        command = [spy, "record", "--pid", str(worker.popen.pid), "--duration", str(int(seconds))]
+        out = OUT_DIR / f"bench-pipeline-{layout}-{worker.pid}.folded"
+        command = [spy, "record", "--pid", str(worker.pid), "--duration", str(int(seconds))]
         # --gil: only samples holding the GIL, so the profile shows where Python spends CPU, not waits.
         command += ["--format", "raw", "--rate", "200", "--gil", "--nonblocking", "--output", str(out)]
         made.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
-        print(f"  py-spy recording worker {worker.popen.pid} for {seconds:g} s into {out}", flush=True)
+        print(f"  py-spy recording worker {worker.pid} for {seconds:g} s into {out}", flush=True)
     return made
 
 

@@ -28,12 +28,13 @@ from psycopg.rows import dict_row
 
 from bench import cpu
 from bench.ceiling import accept_one
-from bench.procs import Proc, free_port, start
+from bench.procs import Proc, start
 from bench.report import OUT_DIR
 from bench.resources import add_database_argument, bench_database, delete_keys, delete_queues
 from services.acceptance.tenants import TenantSpec, create_tenant, import_suppliers, parse_suppliers
 from services.common import events
 from services.common.db import SyncPool, sync_pool
+from services.common.procs import free_port
 from services.common.queries import load_queries
 from services.common.settings import CommonSettings
 from services.sandbox.samples import SUPPLIERS_CSV, Sample, load_samples
