@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -39,6 +38,7 @@ from services.common import events
 from services.common.db import sync_pool
 from services.common.keyring import DEVELOPMENT_KEY
 from services.common.migrate import migrate
+from services.common.procs import free_port
 from services.common.settings import CommonSettings
 from services.delivery.endpoints import register_endpoint
 from services.delivery.settings import DeliverySettings
@@ -87,12 +87,6 @@ class Accepted:
     job_id: str
     sample: str
     expect: str
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _with_port(url: str, port: int) -> str:

@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
-import httpx
 import pika
 import psycopg
 import redis
@@ -29,6 +28,7 @@ from pika.exceptions import AMQPError
 
 from services.cli.processes import PROCESSES, ProcessSpec, by_name
 from services.common.keyring import DEVELOPMENT_KEY
+from services.common.procs import ChildProcess, answers, fatura_command
 from services.common.settings import CommonSettings, SettingsError, env_float
 
 START_COMMANDS = {
@@ -165,7 +165,7 @@ class Restart:
 @dataclass
 class Child:
     spec: ChildSpec
-    process: subprocess.Popen[bytes] | None = None
+    proc: ChildProcess | None = None  # the current run; a restart replaces it
     started_at: float = 0.0
     quick_exits: int = 0
     restart_at: float | None = None  # monotonic time of the pending restart
@@ -174,11 +174,15 @@ class Child:
     pids: list[int] = field(default_factory=list)
 
     @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return None if self.proc is None else self.proc.process
+
+    @property
     def pid(self) -> int | None:
-        return None if self.process is None else self.process.pid
+        return None if self.proc is None else self.proc.pid
 
     def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.proc is not None and self.proc.alive()
 
 
 def describe_exit(code: int) -> str:
@@ -241,7 +245,7 @@ class Stack:
         """Start every child, then supervise them until ``stop``."""
         with self._lock:
             for child in self._children.values():
-                if child.process is None:
+                if child.proc is None:
                     self._spawn(child)
         self._supervisor = threading.Thread(target=self._supervise, daemon=True, name="stack-supervisor")
         self._supervisor.start()
@@ -257,17 +261,16 @@ class Stack:
             return child
 
     def _spawn(self, child: Child) -> None:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "services.cli.main", "run", child.spec.process],
-            env={**os.environ, **self._env, **child.spec.env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: whatever it forks stops with it
+        # Without a log file its output comes through a pipe, each line printed under its key.
+        proc = ChildProcess.start(
+            child.spec.key,
+            fatura_command("run", child.spec.process),
+            env={**self._env, **child.spec.env},
         )
-        child.process, child.started_at, child.restart_at = process, time.monotonic(), None
-        child.pids.append(process.pid)
+        child.proc, child.started_at, child.restart_at = proc, time.monotonic(), None
+        child.pids.append(proc.pid)
         thread = threading.Thread(
-            target=self._pump, args=(child.spec.key, process), daemon=True, name=f"pump-{child.spec.key}"
+            target=self._pump, args=(child.spec.key, proc.process), daemon=True, name=f"pump-{child.spec.key}"
         )
         thread.start()
         self._pumps.append(thread)
@@ -299,17 +302,17 @@ class Stack:
 
     def _look_after(self, child: Child) -> None:
         now = time.monotonic()
-        if child.process is None:
+        if child.proc is None:
             return
         if child.restart_at is not None:
             if now >= child.restart_at:
                 self._spawn(child)
                 self._print("supervisor", f"{child.spec.key} restarted (pid {child.pid})")
             return
-        code = child.process.poll()
+        code = child.proc.returncode
         if code is None or child.exit_code is not None:
             return
-        _kill_group(child.process.pid, signal.SIGKILL)  # whatever it forked goes with it
+        child.proc.signal_group(signal.SIGKILL)  # whatever it forked goes with it
         deliberate, child.kill_requested = child.kill_requested, False
         uptime = now - child.started_at
         if not child.spec.supervised:
@@ -324,7 +327,7 @@ class Stack:
         self.restarts.append(restart)
         self._print(
             "supervisor",
-            f"{child.spec.key} (pid {child.process.pid}) exited with code {describe_exit(code)} after "
+            f"{child.spec.key} (pid {child.proc.pid}) exited with code {describe_exit(code)} after "
             f"{uptime:.1f}s; restarting in {delay:.2f}s (restart #{self.restart_count(child.spec.key)}"
             f"{', killed on purpose' if deliberate else ''})",
         )
@@ -350,11 +353,11 @@ class Stack:
         Returns the pid signalled, or None when the child was not running."""
         with self._lock:
             child = self._children[key]
-            if not child.alive() or child.process is None:
+            if not child.alive() or child.proc is None:
                 return None
             child.kill_requested = True
-            _kill_group(child.process.pid, sig)
-            return child.process.pid
+            child.proc.signal_group(sig)
+            return child.proc.pid
 
     def restart_count(self, key: str) -> int:
         return sum(1 for r in self.restarts if r.key == key)
@@ -388,12 +391,7 @@ class Stack:
         if not child.alive():
             return False
         url = child.spec.ready_url if child.spec.ready_url is not None else ready_url(child.spec.process)
-        if url is None:
-            return True
-        try:
-            return httpx.get(url, timeout=1.0).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return url is None or answers(url)
 
     def stop(self, grace: float = 10.0) -> None:
         """Stop supervising, then SIGTERM every child's process group (in reverse start order) and
@@ -404,23 +402,11 @@ class Stack:
         if self._supervisor is not None:
             self._supervisor.join()
         # Only the ones still running: the group of a child that ended was killed when it ended.
-        running = [c.process for c in reversed(children) if c.alive() and c.process is not None]
-        for process in running:
-            _kill_group(process.pid, signal.SIGTERM)
+        running = [c.proc for c in reversed(children) if c.alive() and c.proc is not None]
+        for proc in running:
+            proc.terminate()
         deadline = time.monotonic() + grace
-        for process in running:
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _kill_group(process.pid, signal.SIGKILL)
-                process.wait()
-            _kill_group(process.pid, signal.SIGKILL)  # anything it forked that outlived it
+        for proc in running:
+            proc.finish(deadline)  # SIGKILL when it is late, and to anything it forked
         for thread in self._pumps:
             thread.join(timeout=2.0)
-
-
-def _kill_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
