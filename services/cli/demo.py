@@ -3,7 +3,9 @@
 Starts the local stack (or uses one already answering), creates a demo tenant with the sample
 supplier master data and a webhook endpoint at the reference ERP, submits every sample invoice
 over HTTP, shows a submission that repeats an earlier one coming back as the same job, then
-follows each job live until it is finished and its final state is in the ERP's ledger, once.
+follows each job live until it is finished and its final state is in the ERP's ledger, once, or it
+waits for a reviewer (never sent to the ERP). Then a reviewer approves one of those and rejects one
+(``demo_review.py``) and the ERP's ledger is shown with its acknowledgements.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import httpx
 from fatura_sdk import generate_secret
 from services.acceptance.settings import AcceptanceSettings
 from services.acceptance.tenants import TenantSpec, create_tenant, import_suppliers, parse_suppliers
+from services.cli.demo_review import ack_text, read_ledger, review_story
 from services.cli.extras import require
 from services.cli.stack import (
     Stack,
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 OUT_DIR = Path("out")
+REVIEW_REQUIRED = "REVIEW_REQUIRED"
 
 
 def register(sub: Any) -> None:
@@ -155,27 +159,25 @@ def _run_pipeline(console: Console, settings: AcceptanceSettings, base_url: str,
                     statuses[sample.filename] = client.get(
                         f"/v1/extraction-jobs/{jobs[sample.filename]}"
                     ).json()
-                ledger = _ledger(erp_url, set(jobs.values()))
+                ledger = read_ledger(erp_url, set(jobs.values()))
                 live.update(_table(samples, jobs, statuses, ledger))
                 if _delivered(jobs, statuses, ledger) or time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
         console.print()
-    return _summary(console, samples, jobs, statuses, ledger)
-
-
-def _ledger(erp_url: str, job_ids: set[str]) -> dict[str, dict[str, Any]]:
-    try:
-        body = httpx.get(f"{erp_url}/ledger", timeout=5.0).json()
-    except (httpx.HTTPError, ValueError):
-        return {}
-    return {entry["job_id"]: entry for entry in body.get("jobs", []) if entry["job_id"] in job_ids}
+    finished = _summary(console, samples, jobs, statuses, ledger)
+    reviewed = review_story(console, settings, base_url, erp_url, tenant_id, api_key, jobs, timeout)
+    if not (finished and reviewed):
+        console.print("[red]The demo did not end as expected; see out/demo-stack.log.[/red]")
+    return 0 if finished and reviewed else 1
 
 
 def _delivered(jobs: dict[str, str], statuses: dict[str, dict[str, Any]], ledger: dict[str, Any]) -> bool:
     for filename, job_id in jobs.items():
         status = statuses.get(filename, {})
         entry = ledger.get(job_id)
+        if status.get("state") == REVIEW_REQUIRED:
+            continue  # waits for a reviewer; never sent to the ERP
         if not status.get("done") or entry is None or entry["state_version"] != status.get("state_version"):
             return False
         if (entry.get("ack") or {}).get("state") == "pending":
@@ -189,7 +191,7 @@ def _summary(
     jobs: dict[str, str],
     statuses: dict[str, dict[str, Any]],
     ledger: dict[str, dict[str, Any]],
-) -> int:
+) -> bool:
     as_expected = sum(1 for s in samples if statuses.get(s.filename, {}).get("state") == s.expect)
     counts: dict[str, int] = {}
     for status in statuses.values():
@@ -198,17 +200,18 @@ def _summary(
     console.print(
         f"{len(samples)} jobs: {states_text}; {as_expected} of {len(samples)} as the samples expect."
     )
-    applied_once = sum(1 for job_id in jobs.values() if ledger.get(job_id, {}).get("effects") == 1)
+    in_review = {jobs[f] for f, status in statuses.items() if status.get("state") == REVIEW_REQUIRED}
+    delivered = [job_id for job_id in jobs.values() if job_id not in in_review]
+    applied_once = sum(1 for job_id in delivered if ledger.get(job_id, {}).get("effects") == 1)
+    leaked = len(in_review & ledger.keys())
     received = sum(len(entry.get("webhook_ids", [])) for entry in ledger.values())
     duplicates = sum(entry.get("counts", {}).get("duplicates", 0) for entry in ledger.values())
     console.print(
-        f"ERP ledger: {len(ledger)} entries for {len(jobs)} jobs, {applied_once} applied exactly once; "
-        f"{received} signed deliveries received, {duplicates} duplicate(s) ignored."
+        f"ERP ledger: {len(ledger)} entries for the {len(delivered)} finished jobs, {applied_once} applied "
+        f"exactly once; {received} signed deliveries received, {duplicates} duplicate(s) ignored; "
+        f"{leaked} of the {len(in_review)} jobs in review sent to the ERP."
     )
-    ok = as_expected == len(samples) and applied_once == len(jobs)
-    if not ok:
-        console.print("[red]The demo did not end as expected; see out/demo-stack.log.[/red]")
-    return 0 if ok else 1
+    return as_expected == len(samples) and applied_once == len(delivered) and leaked == 0
 
 
 def _submit(client: httpx.Client, sample: Sample, run_id: str) -> httpx.Response:
@@ -237,11 +240,11 @@ def _table(
         total = f"{result.get('total', '')} {result.get('currency', '')}".strip()
         reasons = ", ".join(sorted({r["code"] for r in (status.get("review") or {}).get("reasons", [])}))
         entry = ledger.get(jobs[sample.filename])
-        erp_text = "waiting" if entry is None else f"v{entry['state_version']} applied {entry['effects']}x"
-        ack = (entry or {}).get("ack")
-        if ack is not None:  # the business outcome the ERP acknowledged
-            erp_text += f", {ack['outcome']}" if ack["state"] == "sent" else f", ack {ack['state']}"
         state = str(status.get("state", ""))
+        if entry is not None:  # with the business outcome the ERP acknowledged
+            erp_text = f"v{entry['state_version']} applied {entry['effects']}x, {ack_text(entry)}"
+        else:
+            erp_text = "not sent (in review)" if state == REVIEW_REQUIRED else "waiting"
         mark = ""
         if status.get("done"):
             mark = " ✓" if state == sample.expect else f" ✗ expected {sample.expect}"
