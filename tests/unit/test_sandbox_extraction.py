@@ -17,9 +17,10 @@ from stdnum import iban as stdnum_iban
 
 from services.inference.validation import instruction_passages, resolve_span, split_pages
 from services.inference.validation._evidence import evidence_reasons
+from services.sandbox.provider.dates import find_date
 from services.sandbox.provider.extract import extract
 from services.sandbox.provider.faults import broken_json, hallucinate_iban, obey_injection
-from services.sandbox.provider.numbers import detect_style, find_date, parse_number
+from services.sandbox.provider.numbers import detect_style, parse_number
 from services.sandbox.samples import load_samples
 
 ROOT = Path(__file__).resolve().parents[2]

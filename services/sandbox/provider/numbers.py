@@ -1,8 +1,9 @@
-"""Numbers and dates as invoices write them, read into decimal strings and ISO dates.
+"""Numbers as invoices write them, read into decimal strings (dates are in ``dates``).
 
 A document writes its money either as 1.234,56 (Turkish, German, French) or 1,234.56 (English,
-Japanese); the style is decided once per document by which separator is followed by one or two
-final digits most often, because a single token such as 1.250 is ambiguous on its own.
+Japanese, Swiss, which may also group with apostrophes: 1'234.56); the style is decided once per
+document by which separator is followed by one or two final digits most often, because a single
+token such as 1.250 is ambiguous on its own.
 """
 
 from __future__ import annotations
@@ -10,22 +11,29 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
-from datetime import date
 from decimal import Decimal, InvalidOperation
 from typing import Literal, NamedTuple
 
 Style = Literal["comma", "dot"]  # which character is the decimal separator
 
-# Digits with ".", "," or the non-breaking / narrow spaces French uses to group thousands.
-# Never a plain space: in text layouts two plain spaces separate columns.
-NUMBER = re.compile(r"(?<![\w.,\u00a0\u202f])-?\d(?:[\d.,\u00a0\u202f]*\d)?(?![\w])")
-GROUP_SPACES = str.maketrans("", "", "\u00a0\u202f\u2009")
+# Digits with ".", "," or the non-breaking / narrow spaces French uses to group thousands, or the
+# apostrophes Swiss layouts use. Never a plain space: in text layouts two plain spaces separate
+# columns.
+NUMBER = re.compile(r"(?<![\w.,\u00a0\u202f'\u2019])-?\d(?:[\d.,\u00a0\u202f'\u2019]*\d)?(?![\w])")
+GROUP_SPACES = str.maketrans("", "", "\u00a0\u202f\u2009'\u2019")
+CENTS = re.compile(r"[.,]\d{2}$")
 RATE = re.compile(r"%\s?(\d+(?:[.,]\d+)?)|(\d+(?:[.,]\d+)?)\s?%")
 
 # Symbols and codes that may stand around a number in a table cell.
 CURRENCY_MARKS = re.compile(
-    r"^(?:[€$£¥₺]|EUR|USD|GBP|JPY|TRY|TL|円)\s?|\s?(?:[€$£¥₺]|EUR|USD|GBP|JPY|TRY|TL|円)$"
+    r"^(?:[€$£¥₺]|EUR|USD|GBP|JPY|TRY|CHF|TL|円)\s?|\s?(?:[€$£¥₺]|EUR|USD|GBP|JPY|TRY|CHF|TL|円)$"
 )
+
+
+def has_cents(text: str) -> bool:
+    """Whether the document writes money with a fraction (1.250,00) rather than without (48,000):
+    where it does, an amount without one is a count, a year or a reference, not money."""
+    return any(CENTS.search(m.group().translate(GROUP_SPACES)) for m in NUMBER.finditer(text))
 
 
 def detect_style(text: str) -> Style:
@@ -76,6 +84,23 @@ class FoundNumber(NamedTuple):
     start: int  # where in the searched text
 
 
+def numbers_in(line: str, style: Style) -> list[FoundNumber]:
+    """Every well-formed number on a line, in order, leaving out rates (20 %, %20)."""
+    found = []
+    for match in NUMBER.finditer(line):
+        before, after = match.start() - 1, match.end()
+        while before >= 0 and line[before] == " ":
+            before -= 1
+        while after < len(line) and line[after] == " ":
+            after += 1
+        if (before >= 0 and line[before] == "%") or (after < len(line) and line[after] == "%"):
+            continue
+        value = parse_number(match.group(), style)
+        if value is not None:
+            found.append(FoundNumber(value, match.group(), match.start()))
+    return found
+
+
 def last_number(line: str, style: Style, *, skip: tuple[int, int] | None = None) -> FoundNumber | None:
     """The last number on a line (a totals line ends with its amount), its exact text and place."""
     for match in reversed(list(NUMBER.finditer(line))):
@@ -100,71 +125,3 @@ def find_rate(line: str) -> Rate | None:
         return None
     digits = (match.group(1) or match.group(2)).replace(",", ".")
     return Rate(digits, match.group(), match.span())
-
-
-MONTHS = {
-    name: number
-    for number, names in enumerate(
-        [
-            ("january", "jan", "januar", "janvier", "ocak"),
-            ("february", "feb", "februar", "février", "fevrier", "şubat"),
-            ("march", "mar", "märz", "mars", "mart"),
-            ("april", "apr", "avril", "nisan"),
-            ("may", "mai", "mayıs"),
-            ("june", "jun", "juni", "juin", "haziran"),
-            ("july", "jul", "juli", "juillet", "temmuz"),
-            ("august", "aug", "août", "aout", "ağustos"),
-            ("september", "sep", "sept", "septembre", "eylül"),
-            ("october", "oct", "oktober", "okt", "octobre", "ekim"),
-            ("november", "nov", "novembre", "kasım"),
-            ("december", "dec", "dezember", "dez", "décembre", "decembre", "aralık"),
-        ],
-        start=1,
-    )
-    for name in names
-}
-_MONTH = r"([^\W\d_]{3,10})\.?"
-DATE_FORMATS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b"), "ymd"),
-    (re.compile(r"(\d{4})\s?年\s?(\d{1,2})\s?月\s?(\d{1,2})\s?日"), "ymd"),
-    (re.compile(r"\b(\d{4})/(\d{1,2})/(\d{1,2})\b"), "ymd"),
-    (re.compile(r"\b(\d{1,2})\.(\d{1,2})\.(\d{4})\b"), "dmy"),
-    (re.compile(r"\b(\d{1,2})/(\d{1,2})/(\d{4})\b"), "dmy"),
-    (re.compile(rf"\b{_MONTH}\s+(\d{{1,2}}),\s*(\d{{4}})\b"), "Mdy"),
-    (re.compile(rf"\b(\d{{1,2}})\.?\s+{_MONTH}\s+(\d{{4}})\b"), "dMy"),
-)
-
-
-class FoundDate(NamedTuple):
-    value: date
-    quote: str  # exactly as printed
-    start: int  # where in the searched text
-
-
-def find_date(text: str) -> FoundDate | None:
-    """The first date in ``text`` in any layout this module reads, with its exact text and place."""
-    found: list[FoundDate] = []
-    for pattern, order in DATE_FORMATS:
-        for match in pattern.finditer(text):
-            parsed = _to_date(match.groups(), order)
-            if parsed is not None:
-                found.append(FoundDate(parsed, match.group(), match.start()))
-                break
-    return min(found, key=lambda item: item.start) if found else None
-
-
-def _to_date(parts: tuple[str, ...], order: str) -> date | None:
-    try:
-        if order == "ymd":
-            y, m, d = int(parts[0]), int(parts[1]), int(parts[2])
-        elif order == "dmy":
-            d, m, y = int(parts[0]), int(parts[1]), int(parts[2])
-            if m > 12 >= d:  # 11/27/2026 can only be month first
-                d, m = m, d
-        elif order == "Mdy":
-            m, d, y = MONTHS.get(parts[0].lower(), 0), int(parts[1]), int(parts[2])
-        else:
-            d, m, y = int(parts[0]), MONTHS.get(parts[1].lower(), 0), int(parts[2])
-        return date(y, m, d)
-    except ValueError:
-        return None

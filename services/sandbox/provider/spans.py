@@ -46,6 +46,10 @@ class Document:
         """Characters ``start:end`` of line ``line``, located in the document."""
         return Located(self.lines[line][start:end], self.line_starts[line] + start)
 
+    def line_of(self, offset: int) -> int:
+        """The index of the line holding the character at ``offset``."""
+        return bisect_right(self.line_starts, offset) - 1
+
     def span(self, found: Located) -> Span:
         """The answer's span for a located piece (which never holds a form feed)."""
         breaks_before = bisect_right(self._page_breaks, found.start)
