@@ -1,11 +1,45 @@
-"""fatura-sdk: what a partner installs to receive Fatura's signed webhooks.
+"""fatura-sdk: what a partner installs to call Fatura's job API and receive its signed webhooks.
 
-``verify`` checks a request; ``Receiver`` adds the durable inbox that turns at-least-once delivery
-into exactly one effect; ``acknowledge`` (or ``ack_request``) tells Fatura the business outcome of
-a delivery, signed with the same secret.
+``Client`` and ``AsyncClient`` submit, read, list and cancel extraction jobs and batches, follow
+their events, and ``start_and_await`` a job outside any model loop. ``verify`` checks a webhook;
+``Receiver`` adds the durable inbox that turns at-least-once delivery into exactly one effect;
+``acknowledge`` (or ``ack_request``) tells Fatura the business outcome of a delivery, signed with
+the same secret.
 """
 
+from fatura_sdk._async_client import AsyncClient
+from fatura_sdk._client import Client
+from fatura_sdk._polling import AwaitResult, Outcome, PollPolicy
+from fatura_sdk._retry import RetryPolicy
+from fatura_sdk._sse import ServerEvent
 from fatura_sdk.acks import AckRequest, AckResponse, AckUnreachable, ack_request, acknowledge
+from fatura_sdk.errors import (
+    ApiError,
+    BadRequest,
+    Conflict,
+    FaturaError,
+    Forbidden,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+    ServerError,
+    ServiceUnavailable,
+    TransportError,
+    Unauthorized,
+    UnexpectedAnswer,
+    UnsupportedMediaType,
+    ValidationError,
+)
+from fatura_sdk.models import (
+    Accepted,
+    Batch,
+    BatchItem,
+    BatchItemsPage,
+    JobPage,
+    JobStatus,
+    JobSummary,
+    StoredDocument,
+)
 from fatura_sdk.receiver import Apply, Event, InvalidEvent, Receiver, Response, payload_digest
 from fatura_sdk.webhooks import (
     BadSignatureError,
@@ -25,22 +59,52 @@ from fatura_sdk.webhooks import (
 )
 
 __all__ = [
+    "Accepted",
     "AckRequest",
     "AckResponse",
     "AckUnreachable",
+    "ApiError",
     "Apply",
+    "AsyncClient",
+    "AwaitResult",
+    "BadRequest",
     "BadSignatureError",
+    "Batch",
+    "BatchItem",
+    "BatchItemsPage",
+    "Client",
+    "Conflict",
     "Event",
+    "FaturaError",
+    "Forbidden",
     "FutureTimestampError",
     "InvalidEvent",
     "InvalidSecretError",
+    "JobPage",
+    "JobStatus",
+    "JobSummary",
     "MalformedHeaderError",
     "MalformedPayloadError",
     "MissingHeaderError",
+    "NotFound",
+    "Outcome",
+    "PayloadTooLarge",
+    "PollPolicy",
+    "RateLimited",
     "Receiver",
     "Response",
+    "RetryPolicy",
+    "ServerError",
+    "ServerEvent",
+    "ServiceUnavailable",
     "StaleTimestampError",
+    "StoredDocument",
     "TimestampOutOfWindowError",
+    "TransportError",
+    "Unauthorized",
+    "UnexpectedAnswer",
+    "UnsupportedMediaType",
+    "ValidationError",
     "WebhookVerificationError",
     "ack_request",
     "acknowledge",

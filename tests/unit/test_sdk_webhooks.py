@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import base64
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -250,10 +252,11 @@ def test_an_unpadded_secret_means_the_same_key_to_both_libraries() -> None:
     assert verify(secret, theirs, BODY) == EVENT
 
 
-def test_fatura_sdk_imports_nothing_outside_the_standard_library() -> None:
-    # Partners install only sdk/: anything it imported beyond the stdlib would break their install.
+def test_fatura_sdk_imports_nothing_outside_the_standard_library_but_httpx() -> None:
+    # Partners install only sdk/: anything it imported beyond the stdlib and its one declared
+    # dependency (httpx, for the clients) would break their install.
     script = (
-        "import sys; sys.path.insert(0, 'sdk'); before = set(sys.modules); import fatura_sdk; "
+        "import sys; sys.path.insert(0, 'sdk'); import httpx; before = set(sys.modules); import fatura_sdk; "
         "roots = {m.split('.')[0] for m in set(sys.modules) - before}; "
         "print(sorted(roots - set(sys.stdlib_module_names) - {'fatura_sdk'}))"
     )
@@ -261,4 +264,26 @@ def test_fatura_sdk_imports_nothing_outside_the_standard_library() -> None:
 
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
-    assert tomllib.loads((ROOT / "sdk" / "pyproject.toml").read_text())["project"]["dependencies"] == []
+    dependencies = tomllib.loads((ROOT / "sdk" / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert [re.split("[<>=]", d)[0] for d in dependencies] == ["httpx"]
+
+
+# What a webhook receiver uses: none of it needs httpx.
+STDLIB_ONLY = ("webhooks", "receiver", "acks", "completions", "_queries")
+
+
+def test_the_webhook_side_of_the_sdk_imports_only_the_standard_library() -> None:
+    found = []
+    for name in STDLIB_ONLY:
+        path = ROOT / "sdk" / "fatura_sdk" / f"{name}.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module]
+            for module in modules:
+                root, _, rest = module.partition(".")
+                if root == "fatura_sdk" and rest in STDLIB_ONLY:
+                    continue
+                if root not in sys.stdlib_module_names and root != "__future__":
+                    found.append(f"{name}.py imports {module}")
+    assert found == []
