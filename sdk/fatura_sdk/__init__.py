@@ -3,6 +3,7 @@
 ``Client`` and ``AsyncClient`` submit, read, list and cancel extraction jobs and batches, follow
 their events, and ``start_and_await`` a job outside any model loop. ``verify`` checks a webhook;
 ``Receiver`` adds the durable inbox that turns at-least-once delivery into exactly one effect;
+``Completions`` runs the step after a job's completion once, however often and however it is seen;
 ``acknowledge`` (or ``ack_request``) tells Fatura the business outcome of a delivery, signed with
 the same secret.
 """
@@ -13,6 +14,7 @@ from fatura_sdk._polling import AwaitResult, Outcome, PollPolicy
 from fatura_sdk._retry import RetryPolicy
 from fatura_sdk._sse import ServerEvent
 from fatura_sdk.acks import AckRequest, AckResponse, AckUnreachable, ack_request, acknowledge
+from fatura_sdk.completions import Completions, completion_key
 from fatura_sdk.errors import (
     ApiError,
     BadRequest,
@@ -73,6 +75,7 @@ __all__ = [
     "BatchItem",
     "BatchItemsPage",
     "Client",
+    "Completions",
     "Conflict",
     "Event",
     "FaturaError",
@@ -108,6 +111,7 @@ __all__ = [
     "WebhookVerificationError",
     "ack_request",
     "acknowledge",
+    "completion_key",
     "generate_secret",
     "payload_digest",
     "sign_headers",
