@@ -7,6 +7,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import dramatiq
 import pika
@@ -65,6 +66,21 @@ def test_every_sample_invoice_ends_in_its_expected_state_with_its_reasons(pipe: 
     assert body["result"]["currency"] == "TRY"
     assert body["policy_version"]
     assert resolve_span(samples[0].text, body["result"]["evidence"]["/total"]) == "12.540,00"
+
+
+def test_a_plain_invoice_the_samples_do_not_know_is_read_not_failed(pipe: Pipeline) -> None:
+    # Given the plain Turkish invoice of issue 11 (point 6), whose supplier the tenant does not know
+    text = (
+        Path(__file__).resolve().parents[1] / "unit" / "provider_dev_cases" / "d01_tr_issue_example.txt"
+    ).read_text(encoding="utf-8")
+    tenant = pipe.make_tenant()
+    # When it is submitted
+    job = pipe.wait_state(pipe.submit(tenant, text), TERMINAL)
+    # Then it is read in one attempt and waits for a person only because the supplier is unknown,
+    # never FAILED_TERMINAL for a schema violation
+    assert (job["state"], job["attempt"]) == ("REVIEW_REQUIRED", 1)
+    assert {reason["code"] for reason in job["review_reasons"]} == {"supplier_unknown"}
+    assert (job["result"]["invoice_number"], len(job["result"]["lines"])) == ("INV-2026-0042", 2)
 
 
 def _publish_raw(queue: str, body: bytes) -> None:
