@@ -1,11 +1,13 @@
 """fatura-sdk: what a partner installs to call Fatura's job API and receive its signed webhooks.
 
 ``Client`` and ``AsyncClient`` submit, read, list and cancel extraction jobs and batches, follow
-their events, and ``start_and_await`` a job outside any model loop. ``verify`` checks a webhook;
-``Receiver`` adds the durable inbox that turns at-least-once delivery into exactly one effect;
-``Completions`` runs the step after a job's completion once, however often and however it is seen;
-``acknowledge`` (or ``ack_request``) tells Fatura the business outcome of a delivery, signed with
-the same secret.
+their events, and ``start_and_await`` a job outside any model loop; ``fatura_sdk.agent`` wraps that
+as tools for an LLM agent.
+
+``verify`` checks a webhook; ``Receiver`` adds the durable inbox that turns at-least-once delivery
+into exactly one effect; ``Completions`` runs the step after a job's completion once, however often
+and however it is seen; ``acknowledge`` (or ``ack_request``) tells Fatura the business outcome of a
+delivery, signed with the same secret.
 """
 
 from fatura_sdk._async_client import AsyncClient
