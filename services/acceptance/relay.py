@@ -30,7 +30,8 @@ from psycopg_pool import ConnectionPool
 
 from services.acceptance.batches import close_finished_batches
 from services.acceptance.documents import prune_documents
-from services.acceptance.settings import RelaySettings
+from services.acceptance.retention import prune_job_events
+from services.acceptance.settings import EventSettings, RelaySettings
 from services.common import faults, readiness
 from services.common.broker import QuorumRabbitmqBroker, event_message, make_broker
 from services.common.db import connect, sync_pool
@@ -55,13 +56,19 @@ UNROUTABLE = Counter("fatura_outbox_unroutable_total", "Events whose type has no
 DOCUMENTS_PRUNED = Counter(
     "fatura_documents_pruned_total", "Documents no job references, deleted after their retention"
 )
+JOB_EVENTS_PRUNED = Counter("fatura_job_events_pruned_total", "Job events deleted after their retention")
 
 
 class Relay:
     def __init__(
-        self, settings: RelaySettings, pool: ConnectionPool[Any], broker: QuorumRabbitmqBroker
+        self,
+        settings: RelaySettings,
+        pool: ConnectionPool[Any],
+        broker: QuorumRabbitmqBroker,
+        events: EventSettings | None = None,
     ) -> None:
         self.settings = settings
+        self.events = events or EventSettings()
         self.pool = pool
         self.broker = broker
         self._last_backlog_check = 0.0
@@ -137,11 +144,16 @@ class Relay:
             UNPUBLISHED.set(row["unpublished"])
 
     def housekeeping(self, *, force: bool = False) -> int:
-        """At most once a minute: delete documents no job references, past their retention."""
+        """At most once a minute: delete documents no job references, past their retention, and job
+        events past theirs. Returns how many documents."""
         now = time.monotonic()
         if not force and now - self._last_housekeeping < 60.0:
             return 0
         self._last_housekeeping = now
+        events = prune_job_events(self.pool, self.events.retention_hours * 3600)
+        if events:
+            JOB_EVENTS_PRUNED.inc(events)
+            log.info("deleted %d job events past their retention", events)
         try:
             count, size = prune_documents(self.pool, self.settings.document_retention_days)
         except psycopg.errors.ForeignKeyViolation:
@@ -216,7 +228,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, on_signal)
     broker = make_broker(settings.common)
     with sync_pool(settings.common, name="relay", max_size=3, role="relay", db_role="fatura_relay") as pool:
-        relay = Relay(settings, pool, broker)
+        relay = Relay(settings, pool, broker, EventSettings.from_env())
         ready = readiness.all_of(readiness.postgres(pool), readiness.rabbitmq(settings.common.amqp_url))
         ops = start_ops_server(settings.metrics_port, ready) if settings.metrics_port else None
         log.info("outbox relay %s started (batch %d)", settings.relay_id, settings.batch_size)

@@ -24,12 +24,15 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.acceptance.feed import EventFeed
 from services.acceptance.routes import acceptance_routes
-from services.acceptance.settings import AcceptanceSettings
+from services.acceptance.settings import AcceptanceSettings, EventSettings
+from services.acceptance.sse import event_routes
 from services.common.api.auth import Authenticator
 from services.common.api.body import JsonBody
 from services.common.api.context import ApiContext, json_response
 from services.common.api.errors import ApiError, Unavailable
+from services.common.api.keywatch import KeyWatch
 from services.common.api.throttle import FailureThrottle
 from services.common.db import async_pool
 from services.delivery.api import delivery_routes
@@ -58,6 +61,9 @@ class Edge:
         self.context = ApiContext(self.pool, auth, JsonBody(settings.max_body_bytes))
         self.openapi = openapi.build(settings)
         self.endpoints = Endpoints(self.pool, DeliverySettings.from_env())
+        self.events = EventSettings.from_env()
+        self.feed = EventFeed(settings.common, self.events, self.pool, name="http", db_role="fatura_edge")
+        self.keys = KeyWatch(self.pool, self.events.auth_recheck_seconds)
 
 
 def build_routes(edge: Edge) -> list[BaseRoute]:
@@ -77,6 +83,7 @@ def build_routes(edge: Edge) -> list[BaseRoute]:
 
     return [
         *acceptance_routes(edge.context, edge.settings),
+        *event_routes(edge.context, edge.feed, edge.keys, edge.events),
         *review_routes(edge.context, dict(os.environ)),
         *delivery_routes(edge.context, edge.endpoints),
         *ops_routes(edge.context, edge.settings.common.queue_prefix),
@@ -150,9 +157,13 @@ def create_app(settings: AcceptanceSettings) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await edge.pool.open(wait=False)
+        await edge.feed.start()
+        await edge.keys.start()
         try:
             yield
         finally:
+            await edge.keys.stop()
+            await edge.feed.stop()
             await edge.pool.close()
 
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {

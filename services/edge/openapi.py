@@ -3,6 +3,7 @@ schemas the server enforces), composed with the edge's own (operator routes, hea
 
 from __future__ import annotations
 
+from services.acceptance import events_openapi
 from services.acceptance import openapi_paths as acceptance_openapi
 from services.acceptance.settings import AcceptanceSettings
 from services.common.api.openapi import ERROR_SCHEMA, ERRORS, JSON
@@ -53,6 +54,7 @@ def build(settings: AcceptanceSettings) -> JSON:
             "schemas": {
                 "Error": ERROR_SCHEMA,
                 **acceptance_openapi.components(settings),
+                **events_openapi.COMPONENTS,
                 **delivery_openapi.COMPONENTS,
                 **ops_schemas.COMPONENTS,
                 **review_schemas.COMPONENTS,
@@ -60,6 +62,7 @@ def build(settings: AcceptanceSettings) -> JSON:
         },
         "paths": {
             **acceptance_openapi.paths(security),
+            **events_openapi.paths(security),
             **delivery_openapi.paths(security, ERRORS),
             **review_schemas.paths([{"reviewerAuth": []}], ERRORS),
             **ops_schemas.paths(

@@ -62,13 +62,19 @@ class Authenticator:
 
     async def authenticate(self, authorization: str | None, client: str | None = None) -> Tenant:
         """The tenant of a tenant-scoped key."""
+        principal = await self.tenant_key(authorization, client)
+        assert principal.tenant is not None
+        return principal.tenant
+
+    async def tenant_key(self, authorization: str | None, client: str | None = None) -> Principal:
+        """A tenant-scoped key, with its prefix (a long stream watches it for revocation)."""
         principal = await self.principal(authorization, client)
         if principal.scope != TENANT or principal.tenant is None:
             raise Forbidden(
                 f"this key's scope is {principal.scope}; this route takes a tenant's key",
                 details={"key_scope": principal.scope, "required_scope": TENANT},
             )
-        return principal.tenant
+        return principal
 
     async def reviewer(self, authorization: str | None, client: str | None = None) -> Principal:
         """A reviewer-scoped key: bound to one tenant, it opens that tenant's reviews only."""

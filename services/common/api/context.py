@@ -26,6 +26,10 @@ class ApiContext:
         """The tenant of the request's tenant-scoped key (401 without one, 403 for another scope)."""
         return await self.auth.authenticate(request.headers.get("authorization"), _client(request))
 
+    async def tenant_key(self, request: Request) -> Principal:
+        """``tenant``, with the key's prefix: for a stream that must end when the key is revoked."""
+        return await self.auth.tenant_key(request.headers.get("authorization"), _client(request))
+
     async def reviewer(self, request: Request) -> Principal:
         """The request's reviewer key, bound to one tenant (401 without one, 403 for another scope)."""
         return await self.auth.reviewer(request.headers.get("authorization"), _client(request))

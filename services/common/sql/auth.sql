@@ -9,3 +9,9 @@ FROM api_keys k
 LEFT JOIN tenants t ON t.id = k.tenant_id
 WHERE k.prefix = %(prefix)s
   AND (k.revoked_at IS NULL OR k.revoked_at > now())
+
+-- name: live_keys
+-- Which of these keys still open their routes: the keys of open event streams, looked up again.
+SELECT prefix FROM api_keys
+WHERE prefix = ANY (%(prefixes)s)
+  AND (revoked_at IS NULL OR revoked_at > now())
