@@ -11,16 +11,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from services.acceptance.batches import schemas
+from services.acceptance.batches import requests
 from services.acceptance.batches.requests import BatchParser
-from services.acceptance.batches.service import BatchService, valid_state_filter
-from services.acceptance.batches.views import ERRORS
+from services.acceptance.batches.service import BatchService
 from services.acceptance.idempotency import validate_key
 from services.acceptance.requests import RequestParser
 from services.acceptance.settings import AcceptanceSettings
 from services.common.api.body import JsonBody
 from services.common.api.context import ApiContext, json_response, only_query
-from services.common.api.errors import ApiError
 from services.common.ids import parse_uuid
 from services.common.uow import OutboxNotifier
 
@@ -52,18 +50,11 @@ def batch_routes(
         tenant = await ctx.tenant(request)
         only_query(request, "state", "cursor", "limit")
         q = request.query_params
-        state = q.get("state")
-        if state is not None and not valid_state_filter(state):
-            raise ApiError(
-                f"state must be a job state or {ERRORS!r} (every item without a result)", code="invalid_query"
-            )
-        raw_limit = q.get("limit", "50")
-        most = schemas.MAX_ITEMS_LIMIT
-        if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= most:
-            raise ApiError(f"limit must be an integer from 1 to {most}", code="invalid_query")
-        cursor = q.get("cursor")
+        query = requests.list_items(q.get("state"), q.get("cursor"), q.get("limit"))
         batch_id = parse_uuid(request.path_params["batch_id"])
-        page = await batches.items(tenant, batch_id, state=state, cursor=cursor, limit=int(raw_limit))
+        page = await batches.items(
+            tenant, batch_id, state=query.state, cursor=query.cursor, limit=query.limit
+        )
         return json_response(page)
 
     return [

@@ -7,9 +7,17 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from services.acceptance.batches import schemas
-from services.acceptance.requests import CreateJob, DocumentBody, DocumentRef, RequestParser, validate_body
+from services.acceptance.batches import schemas, views
+from services.acceptance.requests import (
+    DEFAULT_LIST_LIMIT,
+    CreateJob,
+    DocumentBody,
+    DocumentRef,
+    RequestParser,
+    validate_body,
+)
 from services.acceptance.settings import AcceptanceSettings
+from services.common import states
 from services.common.api.errors import ApiError, Unprocessable
 from services.common.api.schema import RequestValidator
 
@@ -47,6 +55,30 @@ def item_keys(batch_key: str, batch: CreateBatch) -> list[str]:
             )
         first[key] = index
     return keys
+
+
+@dataclass(frozen=True)
+class ListItems:
+    state: str | None
+    cursor: str | None
+    limit: int
+
+
+def list_items(state: str | None, cursor: str | None, limit: str | None) -> ListItems:
+    """The parameters of a batch's item listing as the client sent them (None: not given), checked."""
+    if state is not None and state not in states.ALL and state != views.ERRORS:
+        raise ApiError(
+            f"state must be a job state or {views.ERRORS!r} (every item without a result)",
+            code="invalid_query",
+            details={"parameter": "state"},
+        )
+    raw_limit = str(DEFAULT_LIST_LIMIT) if limit is None else limit
+    most = schemas.MAX_ITEMS_LIMIT
+    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= most:
+        raise ApiError(
+            f"limit must be an integer from 1 to {most}", code="invalid_query", details={"parameter": "limit"}
+        )
+    return ListItems(state, cursor, int(raw_limit))
 
 
 class BatchParser:
