@@ -13,6 +13,9 @@ from google.protobuf import json_format
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from services.acceptance import schemas, views
+from services.acceptance.batches import BatchParser
+from services.acceptance.batches import schemas as batch_schemas
+from services.acceptance.batches import views as batch_views
 from services.acceptance.jobs_grpc import messages, status
 from services.acceptance.requests import DocumentBody, RequestParser
 from services.acceptance.settings import AcceptanceSettings
@@ -231,3 +234,110 @@ def test_schema_violations_become_one_field_violation_each() -> None:
         ("document", "send either `document` or ..."),
     ]
     assert "errors" not in found["ErrorInfo"].metadata
+
+
+def _batch_row(state: str) -> dict[str, Any]:
+    return {
+        "id": uuid.UUID(int=21),
+        "state": state,
+        "priority": "interactive",
+        "total": 5,
+        "accepted": 5,
+        "succeeded": 2,
+        "review_required": 1,
+        "failed": 1,
+        "rejected": 0,
+        "cancelled": 1 if state != "running" else 0,
+        "created_at": NOW - timedelta(seconds=60),
+        "completed_at": NOW if state in batch_views.DONE else None,
+        "now": NOW,
+    }
+
+
+@pytest.mark.parametrize("state", batch_schemas.BATCH_STATES)
+def test_every_field_of_the_http_batch_bodies_has_its_place_in_the_messages(state: str) -> None:
+    row = _batch_row(state)
+    status = batch_views.status_body(row, 1.5)
+    accepted = batch_views.accepted_body(
+        row, estimated_seconds=30, replay=False, expected_jobs_per_second=1.5
+    )
+
+    message = messages.batch_status(status)
+    response = messages.batch_response(accepted, replayed=False)
+
+    wire = f"BATCH_STATE_{state.upper()}"
+    assert message == _strict({**status, "state": wire, "priority": "PRIORITY_INTERACTIVE"}, pb.BatchStatus())
+    assert response == _strict({**accepted, "state": wire, "replayed": False}, pb.SubmitBatchResponse())
+    assert message.message == status["message"] and message.done is status["done"]
+    assert set(batch_schemas.BATCH_STATUS["properties"]) <= set(pb.BatchStatus.DESCRIPTOR.fields_by_name)
+    assert set(batch_schemas.BATCH_ACCEPTED["properties"]) <= set(
+        pb.SubmitBatchResponse.DESCRIPTOR.fields_by_name
+    )
+
+
+@pytest.mark.parametrize("state", sorted(states.ALL))
+def test_every_field_of_a_batch_item_has_its_place(state: str) -> None:
+    item = batch_views.item_body(
+        {
+            **_row(state),
+            "batch_index": 4,
+            "idempotency_key": "run-7 #4",
+            "error_class": "provider_timeout" if state != states.CANCELLED else None,
+        }
+    )
+
+    page = messages.batch_items({"batch_id": str(uuid.UUID(int=21)), "items": [item], "next_cursor": "c"})
+
+    converted = {**item, "state": f"JOB_STATE_{state}"}
+    if "error" in converted:
+        converted["error"] = {"error_class": item["error"]["class"], "message": item["error"]["message"]}
+    assert page.items[0] == _strict(converted, pb.BatchItem())
+    assert set(batch_schemas.BATCH_ITEM["properties"]) <= set(pb.BatchItem.DESCRIPTOR.fields_by_name)
+
+
+def test_a_batch_request_becomes_the_http_body_the_same_parser_accepts() -> None:
+    request = pb.SubmitBatchRequest(
+        idempotency_key="run-7",
+        items=[
+            pb.BatchItemRequest(document=pb.InlineDocument(text="A")),
+            pb.BatchItemRequest(
+                document_id=str(uuid.UUID(int=3)),
+                document_version=2,
+                options=pb.Options(language="de"),
+                idempotency_key="own",
+            ),
+        ],
+        priority=pb.PRIORITY_BATCH,
+        options=pb.Options(language="tr"),
+    )
+
+    body = messages.submit_batch_body(request)
+    batch = BatchParser(AcceptanceSettings()).create_batch(body)
+
+    assert body == {
+        "items": [
+            {"document": {"text": "A"}},
+            {
+                "document_id": str(uuid.UUID(int=3)),
+                "document_version": 2,
+                "options": {"language": "de"},
+                "idempotency_key": "own",
+            },
+        ],
+        "priority": "batch",
+        "options": {"language": "tr"},
+    }
+    assert [item.job.options for item in batch.items] == [{"language": "tr"}, {"language": "de"}]
+    assert [item.idempotency_key for item in batch.items] == [None, "own"]
+
+
+def test_an_error_about_a_batch_item_names_the_item_field() -> None:
+    schema = Unprocessable(
+        "bad", details={"errors": [{"path": "/items/3/document/text", "message": "empty"}]}
+    )
+    too_large = ApiError("item 2: too large", status=413, code="document_too_large", details={"index": 2})
+    twice = Unprocessable("same key", code="duplicate_item_key", details={"indexes": [0, 4]})
+
+    assert status.field_violations(schema) == [("items[3].document.text", "empty")]
+    assert status.field_violations(too_large) == [("items[2].document.text", "item 2: too large")]
+    assert status.field_violations(twice)[0][0] == "items[4].idempotency_key"

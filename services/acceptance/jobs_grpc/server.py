@@ -23,6 +23,7 @@ from grpc_reflection.v1alpha import reflection
 from psycopg_pool import PoolTimeout
 
 from services.acceptance.accept import Acceptor
+from services.acceptance.batches import BatchParser, BatchService
 from services.acceptance.jobs import JobService
 from services.acceptance.jobs_grpc.handlers import job_service_handler
 from services.acceptance.jobs_grpc.servicer import JobServicer
@@ -94,15 +95,22 @@ def server_credentials(settings: JobsGrpcSettings) -> Any:
     return grpc.ssl_server_credentials([(key, cert)])
 
 
+def max_request_bytes(settings: JobsGrpcSettings) -> int:
+    return max(settings.acceptance.max_body_bytes, settings.acceptance.max_batch_body_bytes)
+
+
 def build_servicer(settings: JobsGrpcSettings, pool: AsyncPool) -> JobServicer:
     acceptance = settings.acceptance
     notifier = OutboxNotifier(pool)
     throttle = FailureThrottle(acceptance.auth_failure_limit, 60.0, acceptance.auth_block_seconds)
+    parser = RequestParser(acceptance)
     return JobServicer(
         Authenticator(pool, acceptance.auth_cache_seconds, throttle),
-        RequestParser(acceptance),
+        parser,
         Acceptor(pool, notifier, acceptance),
         JobService(pool, notifier),
+        BatchParser(acceptance, parser),
+        BatchService(pool, notifier, acceptance),
     )
 
 
@@ -114,8 +122,8 @@ async def serve(settings: JobsGrpcSettings, credentials: Any = None) -> int:
         options=[
             # Without this a second process on the same port would bind silently and share traffic.
             ("grpc.so_reuseport", 0),
-            # Room for the largest request the HTTP API takes; the document cap is checked after.
-            ("grpc.max_receive_message_length", settings.acceptance.max_body_bytes),
+            # Room for the largest request the HTTP API takes (a batch); the caps are checked after.
+            ("grpc.max_receive_message_length", max_request_bytes(settings)),
         ]
     )
     server.add_generic_rpc_handlers((job_service_handler(build_servicer(settings, pool)),))

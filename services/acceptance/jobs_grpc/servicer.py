@@ -15,6 +15,8 @@ from psycopg_pool import PoolTimeout
 
 from services.acceptance import requests
 from services.acceptance.accept import Acceptor
+from services.acceptance.batches import BatchParser, BatchService
+from services.acceptance.batches import requests as batch_requests
 from services.acceptance.idempotency import validate_key
 from services.acceptance.jobs import JobService
 from services.acceptance.jobs_grpc import messages, metrics, status
@@ -79,12 +81,20 @@ def peer_host(peer: str | None) -> str | None:
 
 class JobServicer(pb_grpc.JobServiceServicer):
     def __init__(
-        self, auth: Authenticator, parser: RequestParser, acceptor: Acceptor, jobs: JobService
+        self,
+        auth: Authenticator,
+        parser: RequestParser,
+        acceptor: Acceptor,
+        jobs: JobService,
+        batch_parser: BatchParser,
+        batches: BatchService,
     ) -> None:
         self._auth = auth
         self._parser = parser
         self._acceptor = acceptor
         self._jobs = jobs
+        self._batch_parser = batch_parser
+        self._batches = batches
 
     async def tenant(self, context: Any) -> Tenant:
         """The tenant of the call's tenant-scoped key (UNAUTHENTICATED / PERMISSION_DENIED)."""
@@ -138,3 +148,39 @@ class JobServicer(pb_grpc.JobServiceServicer):
             return messages.job_status(await self._jobs.cancel(tenant, parse_uuid(request.job_id)))
 
         return await self._handle("Cancel", context, call)
+
+    async def SubmitBatch(self, request: pb.SubmitBatchRequest, context: Any) -> pb.SubmitBatchResponse:
+        async def call() -> pb.SubmitBatchResponse:
+            tenant = await self.tenant(context)
+            key = validate_key(request.idempotency_key or None)
+            batch = self._batch_parser.create_batch(messages.submit_batch_body(request))
+            accepted = await self._batches.submit(tenant, key, batch)
+            return messages.batch_response(accepted.body, replayed=accepted.replay)
+
+        return await self._handle("SubmitBatch", context, call)
+
+    async def GetBatch(self, request: pb.GetBatchRequest, context: Any) -> pb.BatchStatus:
+        async def call() -> pb.BatchStatus:
+            tenant = await self.tenant(context)
+            return messages.batch_status(await self._batches.get(tenant, parse_uuid(request.batch_id)))
+
+        return await self._handle("GetBatch", context, call)
+
+    async def ListBatchItems(
+        self, request: pb.ListBatchItemsRequest, context: Any
+    ) -> pb.ListBatchItemsResponse:
+        async def call() -> pb.ListBatchItemsResponse:
+            tenant = await self.tenant(context)
+            query = batch_requests.list_items(
+                request.state or None, request.cursor or None, str(request.limit) if request.limit else None
+            )
+            page = await self._batches.items(
+                tenant,
+                parse_uuid(request.batch_id),
+                state=query.state,
+                cursor=query.cursor,
+                limit=query.limit,
+            )
+            return messages.batch_items(page)
+
+        return await self._handle("ListBatchItems", context, call)

@@ -21,7 +21,8 @@ from grpc_status import rpc_status
 from services.common.api.errors import ApiError
 
 DOMAIN = "fatura"
-JOB_RESOURCE = "fatura.jobs.v1.Job"
+# ALREADY_EXISTS names what the key already stands for: the detail that holds its id, and its type.
+RESOURCES = (("job_id", "fatura.jobs.v1.Job"), ("batch_id", "fatura.jobs.v1.Batch"))
 
 CODE_BY_STATUS: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -51,6 +52,7 @@ FIELD_BY_ERROR: dict[str, str] = {
     "invalid_text": "document.text",
     "document_not_found": "document_id",
     "invalid_cursor": "cursor",
+    "duplicate_item_key": "idempotency_key",
 }
 # A schema violation of the whole request (path "/") is the choice between an inline document and
 # a stored one: the one rule that spans fields.
@@ -74,13 +76,13 @@ def to_status(error: ApiError) -> grpc.Status:
     delay = retry_after_seconds(error)
     if delay is not None:
         details.append(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=delay)))
-    if code == grpc.StatusCode.ALREADY_EXISTS and "job_id" in error.details:
-        details.append(
+    if code == grpc.StatusCode.ALREADY_EXISTS:
+        details.extend(
             error_details_pb2.ResourceInfo(
-                resource_type=JOB_RESOURCE,
-                resource_name=str(error.details["job_id"]),
-                description=error.message,
+                resource_type=kind, resource_name=str(error.details[key]), description=error.message
             )
+            for key, kind in RESOURCES
+            if key in error.details
         )
     status = status_pb2.Status(code=code.value[0], message=error.message, details=[_pack(d) for d in details])
     return rpc_status.to_status(status)
@@ -95,18 +97,32 @@ def retry_after_seconds(error: ApiError) -> int | None:
 
 
 def field_violations(error: ApiError) -> list[tuple[str, str]]:
-    """(field, description) for each bad field, fields named as in the proto (``document.text``)."""
+    """(field, description) for each bad field, named as in the proto: ``document.text``, or
+    ``items[3].document.text`` for an item of a batch."""
     errors = error.details.get("errors")
     if isinstance(errors, list) and errors:
         return [(_field(str(e.get("path", "/"))), str(e.get("message", error.message))) for e in errors]
     parameter = error.details.get("parameter")
     field = str(parameter) if parameter is not None else FIELD_BY_ERROR.get(error.code, "")
-    return [(field, error.message)]
+    item = _item(error.details)
+    return [(".".join(part for part in (item, field) if part), error.message)]
 
 
 def _field(json_path: str) -> str:
-    field = ".".join(part for part in json_path.split("/") if part)
-    return field or _WHOLE_REQUEST_FIELD
+    parts = [part for part in json_path.split("/") if part]
+    field = ""
+    for part in parts:
+        field += f"[{part}]" if part.isdigit() else f".{part}"
+    return field.lstrip(".") or _WHOLE_REQUEST_FIELD
+
+
+def _item(details: Mapping[str, Any]) -> str:
+    """The batch item an error is about (``index``, or the later of two ``indexes``): ``items[3]``."""
+    index = details.get("index")
+    indexes = details.get("indexes")
+    if index is None and isinstance(indexes, list) and indexes:
+        index = indexes[-1]
+    return f"items[{index}]" if isinstance(index, int) else ""
 
 
 def _bad_request(error: ApiError) -> error_details_pb2.BadRequest:

@@ -83,6 +83,29 @@ PRIORITY_INTERACTIVE: Priority.ValueType  # 1
 PRIORITY_BATCH: Priority.ValueType  # 2
 Global___Priority: _TypeAlias = Priority  # noqa: Y015
 
+class _BatchState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _BatchStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_BatchState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    BATCH_STATE_UNSPECIFIED: _BatchState.ValueType  # 0
+    BATCH_STATE_ACCEPTING: _BatchState.ValueType  # 1
+    """The request creating it was interrupted: send it again with the same key to accept the rest."""
+    BATCH_STATE_RUNNING: _BatchState.ValueType  # 2
+    BATCH_STATE_COMPLETED: _BatchState.ValueType  # 3
+    BATCH_STATE_COMPLETED_WITH_ERRORS: _BatchState.ValueType  # 4
+
+class BatchState(_BatchState, metaclass=_BatchStateEnumTypeWrapper): ...
+
+BATCH_STATE_UNSPECIFIED: BatchState.ValueType  # 0
+BATCH_STATE_ACCEPTING: BatchState.ValueType  # 1
+"""The request creating it was interrupted: send it again with the same key to accept the rest."""
+BATCH_STATE_RUNNING: BatchState.ValueType  # 2
+BATCH_STATE_COMPLETED: BatchState.ValueType  # 3
+BATCH_STATE_COMPLETED_WITH_ERRORS: BatchState.ValueType  # 4
+Global___BatchState: _TypeAlias = BatchState  # noqa: Y015
+
 @_typing.final
 class InlineDocument(_message.Message):
     """A document sent inline, stored with the job."""
@@ -593,3 +616,370 @@ class JobStatus(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__poll_after_seconds) -> _WhichOneofReturnType__poll_after_seconds | None: ...
 
 Global___JobStatus: _TypeAlias = JobStatus  # noqa: Y015
+
+@_typing.final
+class BatchItemRequest(_message.Message):
+    """One item of a batch: the body of a single Submit without its key, or with a key of its own."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENT_FIELD_NUMBER: _builtins.int
+    DOCUMENT_ID_FIELD_NUMBER: _builtins.int
+    DOCUMENT_VERSION_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    document_id: _builtins.str
+    document_version: _builtins.int
+    idempotency_key: _builtins.str
+    """Empty: the batch's key, a space, "#" and the item's index ("invoice-run-7 #0")."""
+    @_builtins.property
+    def document(self) -> Global___InlineDocument: ...
+    @_builtins.property
+    def options(self) -> Global___Options:
+        """This item's options instead of the batch's (unset: the batch's)."""
+
+    def __init__(
+        self,
+        *,
+        document: Global___InlineDocument | None = ...,
+        document_id: _builtins.str = ...,
+        document_version: _builtins.int = ...,
+        options: Global___Options | None = ...,
+        idempotency_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["document", b"document", "options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document", b"document", "document_id", b"document_id", "document_version", b"document_version", "idempotency_key", b"idempotency_key", "options", b"options"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchItemRequest: _TypeAlias = BatchItemRequest  # noqa: Y015
+
+@_typing.final
+class SubmitBatchRequest(_message.Message):
+    """The HTTP body of POST /v1/extraction-batches, field for field."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    ITEMS_FIELD_NUMBER: _builtins.int
+    SCHEMA_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    DEADLINE_SECONDS_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    idempotency_key: _builtins.str
+    """The HTTP Idempotency-Key of the whole batch."""
+    schema: _builtins.str
+    """Empty: "invoice.v1"."""
+    priority: Global___Priority.ValueType
+    deadline_seconds: _builtins.int
+    """Zero: the server's default."""
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___BatchItemRequest]: ...
+    @_builtins.property
+    def options(self) -> Global___Options:
+        """Every item's options, unless it has its own."""
+
+    def __init__(
+        self,
+        *,
+        idempotency_key: _builtins.str = ...,
+        items: _abc.Iterable[Global___BatchItemRequest] | None = ...,
+        schema: _builtins.str = ...,
+        priority: Global___Priority.ValueType = ...,
+        deadline_seconds: _builtins.int = ...,
+        options: Global___Options | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline_seconds", b"deadline_seconds", "idempotency_key", b"idempotency_key", "items", b"items", "options", b"options", "priority", b"priority", "schema", b"schema"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitBatchRequest: _TypeAlias = SubmitBatchRequest  # noqa: Y015
+
+@_typing.final
+class BatchCounts(_message.Message):
+    """processed = succeeded + failed + rejected + cancelled; review_required items wait for a human."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOTAL_FIELD_NUMBER: _builtins.int
+    PROCESSED_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    SUCCEEDED_FIELD_NUMBER: _builtins.int
+    REVIEW_REQUIRED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    REJECTED_FIELD_NUMBER: _builtins.int
+    CANCELLED_FIELD_NUMBER: _builtins.int
+    total: _builtins.int
+    processed: _builtins.int
+    pending: _builtins.int
+    succeeded: _builtins.int
+    review_required: _builtins.int
+    failed: _builtins.int
+    rejected: _builtins.int
+    cancelled: _builtins.int
+    def __init__(
+        self,
+        *,
+        total: _builtins.int = ...,
+        processed: _builtins.int = ...,
+        pending: _builtins.int = ...,
+        succeeded: _builtins.int = ...,
+        review_required: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        rejected: _builtins.int = ...,
+        cancelled: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "failed", b"failed", "pending", b"pending", "processed", b"processed", "rejected", b"rejected", "review_required", b"review_required", "succeeded", b"succeeded", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchCounts: _TypeAlias = BatchCounts  # noqa: Y015
+
+@_typing.final
+class SubmitBatchResponse(_message.Message):
+    """The HTTP 202 body of a batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    STATUS_URL_FIELD_NUMBER: _builtins.int
+    ITEMS_URL_FIELD_NUMBER: _builtins.int
+    POLL_AFTER_SECONDS_FIELD_NUMBER: _builtins.int
+    ESTIMATED_DURATION_SECONDS_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    REPLAYED_FIELD_NUMBER: _builtins.int
+    batch_id: _builtins.str
+    state: Global___BatchState.ValueType
+    done: _builtins.bool
+    status_url: _builtins.str
+    items_url: _builtins.str
+    poll_after_seconds: _builtins.int
+    estimated_duration_seconds: _builtins.int
+    message: _builtins.str
+    """Says in words that NONE of the items is complete yet, and when to look again."""
+    replayed: _builtins.bool
+    @_builtins.property
+    def counts(self) -> Global___BatchCounts: ...
+    def __init__(
+        self,
+        *,
+        batch_id: _builtins.str = ...,
+        state: Global___BatchState.ValueType = ...,
+        done: _builtins.bool = ...,
+        counts: Global___BatchCounts | None = ...,
+        status_url: _builtins.str = ...,
+        items_url: _builtins.str = ...,
+        poll_after_seconds: _builtins.int = ...,
+        estimated_duration_seconds: _builtins.int = ...,
+        message: _builtins.str = ...,
+        replayed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "counts", b"counts", "done", b"done", "estimated_duration_seconds", b"estimated_duration_seconds", "items_url", b"items_url", "message", b"message", "poll_after_seconds", b"poll_after_seconds", "replayed", b"replayed", "state", b"state", "status_url", b"status_url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitBatchResponse: _TypeAlias = SubmitBatchResponse  # noqa: Y015
+
+@_typing.final
+class GetBatchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    batch_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        batch_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetBatchRequest: _TypeAlias = GetBatchRequest  # noqa: Y015
+
+@_typing.final
+class BatchStatus(_message.Message):
+    """The HTTP status body of GET /v1/extraction-batches/{id}."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    COMPLETED_AT_FIELD_NUMBER: _builtins.int
+    ELAPSED_SECONDS_FIELD_NUMBER: _builtins.int
+    POLL_AFTER_SECONDS_FIELD_NUMBER: _builtins.int
+    STATUS_URL_FIELD_NUMBER: _builtins.int
+    ITEMS_URL_FIELD_NUMBER: _builtins.int
+    ERRORS_URL_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    batch_id: _builtins.str
+    state: Global___BatchState.ValueType
+    done: _builtins.bool
+    """True once every item is final."""
+    priority: Global___Priority.ValueType
+    elapsed_seconds: _builtins.float
+    poll_after_seconds: _builtins.int
+    status_url: _builtins.str
+    items_url: _builtins.str
+    errors_url: _builtins.str
+    """Set when the batch completed with errors: the items without a result."""
+    message: _builtins.str
+    @_builtins.property
+    def counts(self) -> Global___BatchCounts: ...
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def completed_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        batch_id: _builtins.str = ...,
+        state: Global___BatchState.ValueType = ...,
+        done: _builtins.bool = ...,
+        counts: Global___BatchCounts | None = ...,
+        priority: Global___Priority.ValueType = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        completed_at: _timestamp_pb2.Timestamp | None = ...,
+        elapsed_seconds: _builtins.float = ...,
+        poll_after_seconds: _builtins.int | None = ...,
+        status_url: _builtins.str = ...,
+        items_url: _builtins.str = ...,
+        errors_url: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_poll_after_seconds", b"_poll_after_seconds", "completed_at", b"completed_at", "counts", b"counts", "created_at", b"created_at", "poll_after_seconds", b"poll_after_seconds"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_poll_after_seconds", b"_poll_after_seconds", "batch_id", b"batch_id", "completed_at", b"completed_at", "counts", b"counts", "created_at", b"created_at", "done", b"done", "elapsed_seconds", b"elapsed_seconds", "errors_url", b"errors_url", "items_url", b"items_url", "message", b"message", "poll_after_seconds", b"poll_after_seconds", "priority", b"priority", "state", b"state", "status_url", b"status_url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__poll_after_seconds: _TypeAlias = _typing.Literal["poll_after_seconds"]  # noqa: Y015
+    _WhichOneofArgType__poll_after_seconds: _TypeAlias = _typing.Literal["_poll_after_seconds", b"_poll_after_seconds"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__poll_after_seconds) -> _WhichOneofReturnType__poll_after_seconds | None: ...
+
+Global___BatchStatus: _TypeAlias = BatchStatus  # noqa: Y015
+
+@_typing.final
+class ListBatchItemsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    CURSOR_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    batch_id: _builtins.str
+    state: _builtins.str
+    """A job state name ("SUCCEEDED") or "errors" (every item that ended without a result); empty: all."""
+    cursor: _builtins.str
+    limit: _builtins.int
+    """1 to 200; zero: 50."""
+    def __init__(
+        self,
+        *,
+        batch_id: _builtins.str = ...,
+        state: _builtins.str = ...,
+        cursor: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "cursor", b"cursor", "limit", b"limit", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBatchItemsRequest: _TypeAlias = ListBatchItemsRequest  # noqa: Y015
+
+@_typing.final
+class BatchItem(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    STATE_VERSION_FIELD_NUMBER: _builtins.int
+    STATUS_URL_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    DECIDED_BY_FIELD_NUMBER: _builtins.int
+    REVIEW_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    job_id: _builtins.str
+    idempotency_key: _builtins.str
+    state: Global___JobState.ValueType
+    done: _builtins.bool
+    state_version: _builtins.int
+    status_url: _builtins.str
+    decided_by: _builtins.str
+    @_builtins.property
+    def result(self) -> _struct_pb2.Struct:
+        """The extraction, once SUCCEEDED (never while it waits for review)."""
+
+    @_builtins.property
+    def review(self) -> Global___Review: ...
+    @_builtins.property
+    def error(self) -> Global___JobError: ...
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        job_id: _builtins.str = ...,
+        idempotency_key: _builtins.str = ...,
+        state: Global___JobState.ValueType = ...,
+        done: _builtins.bool = ...,
+        state_version: _builtins.int = ...,
+        status_url: _builtins.str = ...,
+        result: _struct_pb2.Struct | None = ...,
+        decided_by: _builtins.str = ...,
+        review: Global___Review | None = ...,
+        error: Global___JobError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "result", b"result", "review", b"review"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decided_by", b"decided_by", "done", b"done", "error", b"error", "idempotency_key", b"idempotency_key", "index", b"index", "job_id", b"job_id", "result", b"result", "review", b"review", "state", b"state", "state_version", b"state_version", "status_url", b"status_url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchItem: _TypeAlias = BatchItem  # noqa: Y015
+
+@_typing.final
+class ListBatchItemsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    ITEMS_FIELD_NUMBER: _builtins.int
+    NEXT_CURSOR_FIELD_NUMBER: _builtins.int
+    batch_id: _builtins.str
+    next_cursor: _builtins.str
+    """Empty on the last page."""
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___BatchItem]: ...
+    def __init__(
+        self,
+        *,
+        batch_id: _builtins.str = ...,
+        items: _abc.Iterable[Global___BatchItem] | None = ...,
+        next_cursor: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "items", b"items", "next_cursor", b"next_cursor"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBatchItemsResponse: _TypeAlias = ListBatchItemsResponse  # noqa: Y015

@@ -27,7 +27,7 @@ if _version_not_supported:
 
 
 class JobServiceStub:
-    """Start, read, list and cancel the tenant's extraction jobs.
+    """Start, read, list and cancel the tenant's extraction jobs and batches.
     """
 
     def __init__(self, channel):
@@ -56,10 +56,25 @@ class JobServiceStub:
                 request_serializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.CancelRequest.SerializeToString,
                 response_deserializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.JobStatus.FromString,
                 _registered_method=True)
+        self.SubmitBatch = channel.unary_unary(
+                '/fatura.jobs.v1.JobService/SubmitBatch',
+                request_serializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.SubmitBatchRequest.SerializeToString,
+                response_deserializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.SubmitBatchResponse.FromString,
+                _registered_method=True)
+        self.GetBatch = channel.unary_unary(
+                '/fatura.jobs.v1.JobService/GetBatch',
+                request_serializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.GetBatchRequest.SerializeToString,
+                response_deserializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.BatchStatus.FromString,
+                _registered_method=True)
+        self.ListBatchItems = channel.unary_unary(
+                '/fatura.jobs.v1.JobService/ListBatchItems',
+                request_serializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.ListBatchItemsRequest.SerializeToString,
+                response_deserializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.ListBatchItemsResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
-    """Start, read, list and cancel the tenant's extraction jobs.
+    """Start, read, list and cancel the tenant's extraction jobs and batches.
     """
 
     def Submit(self, request, context):
@@ -95,6 +110,30 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitBatch(self, request, context):
+        """Start up to 10,000 jobs under one idempotency key (HTTP: POST /v1/extraction-batches): every
+        item or none, admission applied to the whole batch. Each item's key is its own or derived from
+        the batch's key and its index. The same key with the same request returns the same batch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBatch(self, request, context):
+        """A batch's counts and state (HTTP: GET /v1/extraction-batches/{id}); another tenant's is NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListBatchItems(self, request, context):
+        """A page of a batch's items in index order, with each finished item's result or error (HTTP:
+        GET /v1/extraction-batches/{id}/items), readable while the batch runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -118,6 +157,21 @@ def add_JobServiceServicer_to_server(servicer, server):
                     request_deserializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.CancelRequest.FromString,
                     response_serializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.JobStatus.SerializeToString,
             ),
+            'SubmitBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitBatch,
+                    request_deserializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.SubmitBatchRequest.FromString,
+                    response_serializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.SubmitBatchResponse.SerializeToString,
+            ),
+            'GetBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBatch,
+                    request_deserializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.GetBatchRequest.FromString,
+                    response_serializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.BatchStatus.SerializeToString,
+            ),
+            'ListBatchItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBatchItems,
+                    request_deserializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.ListBatchItemsRequest.FromString,
+                    response_serializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.ListBatchItemsResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'fatura.jobs.v1.JobService', rpc_method_handlers)
@@ -127,7 +181,7 @@ def add_JobServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class JobService:
-    """Start, read, list and cancel the tenant's extraction jobs.
+    """Start, read, list and cancel the tenant's extraction jobs and batches.
     """
 
     @staticmethod
@@ -228,6 +282,87 @@ class JobService:
             '/fatura.jobs.v1.JobService/Cancel',
             services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.CancelRequest.SerializeToString,
             services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.JobStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fatura.jobs.v1.JobService/SubmitBatch',
+            services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.SubmitBatchRequest.SerializeToString,
+            services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.SubmitBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fatura.jobs.v1.JobService/GetBatch',
+            services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.GetBatchRequest.SerializeToString,
+            services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.BatchStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBatchItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fatura.jobs.v1.JobService/ListBatchItems',
+            services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.ListBatchItemsRequest.SerializeToString,
+            services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.ListBatchItemsResponse.FromString,
             options,
             channel_credentials,
             insecure,

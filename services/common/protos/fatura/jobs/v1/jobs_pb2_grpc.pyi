@@ -41,7 +41,7 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class JobServiceStub:
-    """Start, read, list and cancel the tenant's extraction jobs."""
+    """Start, read, list and cancel the tenant's extraction jobs and batches."""
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
@@ -63,10 +63,21 @@ class JobServiceStub:
     """Cancel a job that has not finished (HTTP: POST /v1/extraction-jobs/{id}:cancel). Cancelling a
     cancelled job changes nothing; a finished job is FAILED_PRECONDITION.
     """
+    SubmitBatch: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.SubmitBatchRequest, _jobs_pb2.SubmitBatchResponse]
+    """Start up to 10,000 jobs under one idempotency key (HTTP: POST /v1/extraction-batches): every
+    item or none, admission applied to the whole batch. Each item's key is its own or derived from
+    the batch's key and its index. The same key with the same request returns the same batch.
+    """
+    GetBatch: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.GetBatchRequest, _jobs_pb2.BatchStatus]
+    """A batch's counts and state (HTTP: GET /v1/extraction-batches/{id}); another tenant's is NOT_FOUND."""
+    ListBatchItems: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.ListBatchItemsRequest, _jobs_pb2.ListBatchItemsResponse]
+    """A page of a batch's items in index order, with each finished item's result or error (HTTP:
+    GET /v1/extraction-batches/{id}/items), readable while the batch runs.
+    """
 
 @_typing.type_check_only
 class JobServiceAsyncStub(JobServiceStub):
-    """Start, read, list and cancel the tenant's extraction jobs."""
+    """Start, read, list and cancel the tenant's extraction jobs and batches."""
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Submit: _aio.UnaryUnaryMultiCallable[_jobs_pb2.SubmitRequest, _jobs_pb2.SubmitResponse]  # type: ignore[assignment]
@@ -85,9 +96,20 @@ class JobServiceAsyncStub(JobServiceStub):
     """Cancel a job that has not finished (HTTP: POST /v1/extraction-jobs/{id}:cancel). Cancelling a
     cancelled job changes nothing; a finished job is FAILED_PRECONDITION.
     """
+    SubmitBatch: _aio.UnaryUnaryMultiCallable[_jobs_pb2.SubmitBatchRequest, _jobs_pb2.SubmitBatchResponse]  # type: ignore[assignment]
+    """Start up to 10,000 jobs under one idempotency key (HTTP: POST /v1/extraction-batches): every
+    item or none, admission applied to the whole batch. Each item's key is its own or derived from
+    the batch's key and its index. The same key with the same request returns the same batch.
+    """
+    GetBatch: _aio.UnaryUnaryMultiCallable[_jobs_pb2.GetBatchRequest, _jobs_pb2.BatchStatus]  # type: ignore[assignment]
+    """A batch's counts and state (HTTP: GET /v1/extraction-batches/{id}); another tenant's is NOT_FOUND."""
+    ListBatchItems: _aio.UnaryUnaryMultiCallable[_jobs_pb2.ListBatchItemsRequest, _jobs_pb2.ListBatchItemsResponse]  # type: ignore[assignment]
+    """A page of a batch's items in index order, with each finished item's result or error (HTTP:
+    GET /v1/extraction-batches/{id}/items), readable while the batch runs.
+    """
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
-    """Start, read, list and cancel the tenant's extraction jobs."""
+    """Start, read, list and cancel the tenant's extraction jobs and batches."""
 
     @_abc_1.abstractmethod
     def Submit(
@@ -127,6 +149,35 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_jobs_pb2.JobStatus, _abc.Awaitable[_jobs_pb2.JobStatus]]:
         """Cancel a job that has not finished (HTTP: POST /v1/extraction-jobs/{id}:cancel). Cancelling a
         cancelled job changes nothing; a finished job is FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def SubmitBatch(
+        self,
+        request: _jobs_pb2.SubmitBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.SubmitBatchResponse, _abc.Awaitable[_jobs_pb2.SubmitBatchResponse]]:
+        """Start up to 10,000 jobs under one idempotency key (HTTP: POST /v1/extraction-batches): every
+        item or none, admission applied to the whole batch. Each item's key is its own or derived from
+        the batch's key and its index. The same key with the same request returns the same batch.
+        """
+
+    @_abc_1.abstractmethod
+    def GetBatch(
+        self,
+        request: _jobs_pb2.GetBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.BatchStatus, _abc.Awaitable[_jobs_pb2.BatchStatus]]:
+        """A batch's counts and state (HTTP: GET /v1/extraction-batches/{id}); another tenant's is NOT_FOUND."""
+
+    @_abc_1.abstractmethod
+    def ListBatchItems(
+        self,
+        request: _jobs_pb2.ListBatchItemsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.ListBatchItemsResponse, _abc.Awaitable[_jobs_pb2.ListBatchItemsResponse]]:
+        """A page of a batch's items in index order, with each finished item's result or error (HTTP:
+        GET /v1/extraction-batches/{id}/items), readable while the batch runs.
         """
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
