@@ -17,6 +17,11 @@ EXTRACTION_REJECTED = "extraction.rejected.v1"
 # A job needs a reviewer: ids, reasons and a review URL, never the unvalidated fields. Only
 # endpoints that subscribe to it explicitly (a review tool) receive it, never an ERP by default.
 REVIEW_REQUESTED = "review.requested.v1"
+# Every item of a batch is final (services/migrations/0013_batches.sql ``fatura_close_batch``). Its
+# subject is the batch: the event carries ``batch_id`` instead of ``job_id``, and its state is the
+# batch's (``completed`` or ``completed_with_errors``) at state_version 1 (a batch ends once).
+BATCH_COMPLETED = "batch.completed.v1"
+BATCH_EVENTS = frozenset({BATCH_COMPLETED})
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ ROUTES: dict[str, tuple[Route, ...]] = {
     EXTRACTION_FAILED: (DELIVERY_INGEST,),
     EXTRACTION_REJECTED: (DELIVERY_INGEST,),
     REVIEW_REQUESTED: (DELIVERY_INGEST,),
+    BATCH_COMPLETED: (DELIVERY_INGEST,),
 }
 
 

@@ -47,7 +47,8 @@ def take(conn: Connection[Any], inbox: str, event: EventMessage) -> Received:
     q = _QUERIES[inbox]
     params = {
         "event_id": event.event_id,
-        "job_id": event.job_id,
+        # The inbox's job_id column holds the event's subject: its job, or its batch.
+        "job_id": event.subject_id,
         "event_type": event.event_type,
         "digest": event.digest,
     }

@@ -1,6 +1,7 @@
 """Event messages as consumers receive them: parsed, checked, and refused with a reason when bad.
 
 The relay sends every event as one keyword argument, ``event``: ids and versions only (DESIGN §5.3).
+A job's event names its job (``job_id``); a batch's event names its batch (``batch_id``) instead.
 A message that is malformed, of an unknown type or version, or oversized raises ``BadMessage`` (a
 ``Poison``): the ``Redelivery`` middleware records it in ``dead_letters`` with its reason and takes
 it off the queue. It never crashes a worker or blocks the queue, and nothing else changes.
@@ -15,6 +16,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from services.common.events import BATCH_EVENTS
 from services.common.failures import Poison
 
 MAX_EVENT_BYTES = 8 * 1024
@@ -30,10 +32,19 @@ class EventMessage:
     event_id: uuid.UUID
     event_type: str
     tenant_id: uuid.UUID
-    job_id: uuid.UUID
+    # Exactly one of the two: the job the event is about, or the batch.
+    job_id: uuid.UUID | None
     state: str
     state_version: int
     payload: dict[str, Any]
+    batch_id: uuid.UUID | None = None
+
+    @property
+    def subject_id(self) -> uuid.UUID:
+        """The job or batch the event is about (what an inbox row records beside the event id)."""
+        subject = self.job_id if self.job_id is not None else self.batch_id
+        assert subject is not None  # parse_event requires one
+        return subject
 
     @property
     def digest(self) -> str:
@@ -77,12 +88,14 @@ def parse_event(event: Any, accepted_types: Collection[str]) -> EventMessage:
         raise BadMessage("malformed", "state is missing")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise BadMessage("malformed", "state_version must be a positive integer")
+    batch = event_type in BATCH_EVENTS
     return EventMessage(
         event_id=_uuid(event, "event_id"),
         event_type=event_type,
         tenant_id=_uuid(event, "tenant_id"),
-        job_id=_uuid(event, "job_id"),
+        job_id=None if batch else _uuid(event, "job_id"),
         state=state,
         state_version=version,
         payload=event,
+        batch_id=_uuid(event, "batch_id") if batch else None,
     )

@@ -1,5 +1,8 @@
 """The webhook body (DESIGN §5.9), serialized once: these bytes are stored, signed and sent.
 
+A batch's event (``batch.completed.v1``) describes the batch instead of a job: its final state and
+counts, and where to read its items; it is sent once, when every item is final.
+
 Rule for versions: a body describes the event's own state and state_version (each event is one
 effect; receivers apply only newer versions). The result, review reasons and error come from the
 job row when the row is still at the event's version, which is always the case for the terminal
@@ -19,7 +22,12 @@ from services.common import events
 PING = "webhook.ping.v1"
 # What an endpoint receives when it names no event types: an ERP's events. A result that did not
 # pass validation is never among them (DESIGN §5.13).
-EVENT_TYPES = (events.EXTRACTION_COMPLETED, events.EXTRACTION_FAILED, events.EXTRACTION_REJECTED)
+EVENT_TYPES = (
+    events.EXTRACTION_COMPLETED,
+    events.EXTRACTION_FAILED,
+    events.EXTRACTION_REJECTED,
+    events.BATCH_COMPLETED,
+)
 # What an endpoint may subscribe to; the review request only by naming it (a review tool).
 SUBSCRIBABLE = (*EVENT_TYPES, events.REVIEW_REQUESTED)
 # What an ERP acknowledges (POST /v1/deliveries/{id}:ack): only a delivered result is something to
@@ -90,6 +98,28 @@ def event_body(
     if job.get("policy_version") is not None:
         data["policy_version"] = job["policy_version"]
     data["status_url"] = status_url(job_id)
+    data["occurred_at"] = _iso(occurred_at)
+    return dumps({"type": event_type, "id": str(event_id), "timestamp": _iso(occurred_at), "data": data})
+
+
+def batch_body(
+    *, event_id: uuid.UUID, event_type: str, state: str, occurred_at: datetime, batch: dict[str, Any]
+) -> bytes:
+    """The body of a batch event's deliveries: ids, the batch's final state and counts, never a
+    result (each item's own event carries it); ``batch`` is the batch row with its summed counters."""
+    counts = {name: int(batch[name]) for name in ("succeeded", "failed", "rejected", "cancelled")}
+    url = f"/v1/extraction-batches/{batch['id']}"
+    data: dict[str, Any] = {
+        "batch_id": str(batch["id"]),
+        "tenant_id": str(batch["tenant_id"]),
+        "state": state,
+        "state_version": 1,
+        "counts": {"total": int(batch["total"]), "processed": sum(counts.values()), **counts},
+        "status_url": url,
+        "items_url": f"{url}/items",
+    }
+    if counts["succeeded"] < int(batch["total"]):
+        data["errors_url"] = f"{url}/items?state=errors"
     data["occurred_at"] = _iso(occurred_at)
     return dumps({"type": event_type, "id": str(event_id), "timestamp": _iso(occurred_at), "data": data})
 

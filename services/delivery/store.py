@@ -53,35 +53,63 @@ def ingest(pool: ConnectionPool[Any], event: EventMessage) -> list[uuid.UUID]:
 
 def _create_deliveries(conn: Connection[DictRow], event: EventMessage) -> list[uuid.UUID]:
     """The deliveries of a newly taken-in event, one per matching endpoint, inside its transaction."""
+    if event.job_id is None:
+        body = _batch_body(conn, event)
+    else:
+        body = _job_body(conn, event, event.job_id)
+    return _insert_deliveries(conn, event, body)
+
+
+def _batch_body(conn: Connection[DictRow], event: EventMessage) -> bytes:
+    """A batch event's body, from the batch and its counts (final: it ends once)."""
+    batch = conn.execute(Q["batch_for_event"], {"batch_id": event.batch_id}).fetchone()
+    if batch is None:
+        raise BadMessage("unknown_batch", f"batch {event.batch_id} does not exist")
+    if batch["tenant_id"] != event.tenant_id:
+        raise BadMessage("tenant_mismatch", f"batch {event.batch_id} belongs to another tenant")
+    if batch["state"] != event.state:
+        raise BadMessage("state_mismatch", f"batch {event.batch_id} is {batch['state']}, not {event.state}")
+    return payload.batch_body(
+        event_id=event.event_id,
+        event_type=event.event_type,
+        state=event.state,
+        occurred_at=batch["completed_at"] or datetime.now(UTC),
+        batch=batch,
+    )
+
+
+def _job_body(conn: Connection[DictRow], event: EventMessage, job_id: uuid.UUID) -> bytes:
     row = conn.execute(
-        Q["job_for_event"], {"job_id": event.job_id, "state_version": event.state_version}
+        Q["job_for_event"], {"job_id": job_id, "state_version": event.state_version}
     ).fetchone()
     if row is None:
-        raise BadMessage("unknown_job", f"job {event.job_id} does not exist")
+        raise BadMessage("unknown_job", f"job {job_id} does not exist")
     job: dict[str, Any] = row["job"]
     if job.get("tenant_id") != str(event.tenant_id):
-        raise BadMessage("tenant_mismatch", f"job {event.job_id} belongs to another tenant")
+        raise BadMessage("tenant_mismatch", f"job {job_id} belongs to another tenant")
     recorded = row["recorded_state"]
     if recorded is not None and recorded != event.state:
         raise BadMessage(
             "state_mismatch",
-            f"job {event.job_id} was {recorded} at version {event.state_version}, not {event.state}",
+            f"job {job_id} was {recorded} at version {event.state_version}, not {event.state}",
         )
     if int(job.get("state_version") or 0) < event.state_version:
-        raise BadMessage(
-            "from_the_future", f"job {event.job_id} has not reached version {event.state_version}"
-        )
-    body = payload.event_body(
+        raise BadMessage("from_the_future", f"job {job_id} has not reached version {event.state_version}")
+    return payload.event_body(
         event_id=event.event_id,
         event_type=event.event_type,
         tenant_id=event.tenant_id,
-        job_id=event.job_id,
+        job_id=job_id,
         state=event.state,
         state_version=event.state_version,
         occurred_at=row["occurred_at"] or datetime.now(UTC),
         job=job,
         review_id=row["review_id"],
     )
+
+
+def _insert_deliveries(conn: Connection[DictRow], event: EventMessage, body: bytes) -> list[uuid.UUID]:
+    """One delivery of ``body`` per endpoint that takes the event's type; returns those to wake."""
     woken: list[uuid.UUID] = []
     endpoints = conn.execute(
         Q["matching_endpoints"], {"tenant_id": event.tenant_id, "event_type": event.event_type}

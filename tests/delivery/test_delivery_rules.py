@@ -311,6 +311,7 @@ def test_an_endpoint_takes_the_erp_events_by_default_and_review_requests_only_by
         "extraction.completed.v1",
         "extraction.failed.v1",
         "extraction.rejected.v1",
+        "batch.completed.v1",
     }
 
 

@@ -185,3 +185,15 @@ FROM (SELECT 1 FROM deliveries
       WHERE state = 'delivered' AND acked_at IS NULL AND event_type = ANY (%(event_types)s)
         AND delivered_at < now() - make_interval(secs => %(window_seconds)s)
       LIMIT %(cap)s) overdue
+
+-- name: batch_for_event
+-- A batch event's batch (migration 0013) and its counts: at most 16 counter rows.
+SELECT b.id, b.tenant_id, b.state, b.total, b.completed_at,
+       coalesce(sum(c.succeeded), 0)::integer AS succeeded,
+       coalesce(sum(c.failed), 0)::integer AS failed,
+       coalesce(sum(c.rejected), 0)::integer AS rejected,
+       coalesce(sum(c.cancelled), 0)::integer AS cancelled
+FROM extraction_batches b
+LEFT JOIN batch_counters c ON c.batch_id = b.id
+WHERE b.id = %(batch_id)s
+GROUP BY b.id
