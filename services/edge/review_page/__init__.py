@@ -1,9 +1,10 @@
-"""The reviewer page (DESIGN §6): ``GET /review`` serves one HTML page, its stylesheet and its script.
+"""The reviewer page (DESIGN §6): ``GET /review`` serves one HTML page, its stylesheet and its
+scripts (ES modules under ``/review/``).
 
 Plain files beside this module, no build step. The page needs no key to load: it asks the reviewer
 for theirs and calls the ``/v1/reviews`` routes with it. A strict Content-Security-Policy lets it
-run only its own script and talk only to this origin; the document text it shows is untrusted
-input, which the script only ever inserts as text.
+run only its own scripts and talk only to this origin; the document text it shows is untrusted
+input, which the scripts only ever insert as text.
 """
 
 from __future__ import annotations
