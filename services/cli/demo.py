@@ -127,7 +127,7 @@ def _run_pipeline(console: Console, settings: AcceptanceSettings, base_url: str,
     endpoint = register_endpoint(tenant_id, f"{erp_url}/webhooks", secret=secret)
     console.print(
         f"Registered webhook endpoint {endpoint['endpoint_id']} → {erp_url}/webhooks "
-        f"({'verified by a signed ping' if endpoint['verified'] else 'NOT verified yet'})."
+        "(a signed verification ping is queued for the delivery service)."
     )
 
     headers = {"Authorization": f"Bearer {api_key}"}
