@@ -12,8 +12,9 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import REGISTRY, CollectorRegistry, make_wsgi_app
 
-ReadyCheck = Callable[[], str | None]
-"""Returns None when ready, or a short reason why not."""
+from services.common import readiness
+
+_STATUS_LINES = {200: "200 OK", 503: "503 Service Unavailable"}
 
 StartResponse = Callable[..., Any]
 
@@ -23,7 +24,7 @@ class _QuietHandler(WSGIRequestHandler):
         return
 
 
-def ops_app(ready: ReadyCheck, registry: CollectorRegistry = REGISTRY) -> Callable[..., Iterable[bytes]]:
+def ops_app(ready: readiness.Probe, registry: CollectorRegistry = REGISTRY) -> Callable[..., Iterable[bytes]]:
     metrics = make_wsgi_app(registry)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -32,15 +33,9 @@ def ops_app(ready: ReadyCheck, registry: CollectorRegistry = REGISTRY) -> Callab
             start_response("200 OK", [("Content-Type", "text/plain")])
             return [b"ok\n"]
         if path == "/readyz":
-            try:
-                problem = ready()
-            except Exception as exc:  # a failing check means "not ready", never a crash
-                problem = f"{type(exc).__name__}: {exc}"
-            if problem is None:
-                start_response("200 OK", [("Content-Type", "text/plain")])
-                return [b"ready\n"]
-            start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
-            return [f"not ready: {problem}\n".encode()]
+            status, text = readiness.verdict(ready)
+            start_response(_STATUS_LINES[status], [("Content-Type", "text/plain")])
+            return [text.encode()]
         if path == "/metrics":
             result: Iterable[bytes] = metrics(environ, start_response)
             return result
@@ -51,7 +46,7 @@ def ops_app(ready: ReadyCheck, registry: CollectorRegistry = REGISTRY) -> Callab
 
 
 def start_ops_server(
-    port: int, ready: ReadyCheck, *, host: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY
+    port: int, ready: readiness.Probe, *, host: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY
 ) -> WSGIServer:
     """Serve the ops endpoints on a daemon thread; ``server.shutdown()`` stops it."""
     server = make_server(host, port, ops_app(ready, registry), handler_class=_QuietHandler)

@@ -18,7 +18,8 @@ from dramatiq import Worker
 from dramatiq.errors import BrokerConnectionError
 
 from services.common.broker import QuorumRabbitmqBroker
-from services.common.ops_server import ReadyCheck, start_ops_server
+from services.common.ops_server import start_ops_server
+from services.common.readiness import Probe
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def run_worker(
     queues: Collection[str],
     threads: int,
     metrics_port: int,
-    ready: ReadyCheck,
+    ready: Probe,
     stop: threading.Event,
     on_stop: Callable[[], None] | None = None,
     worker_timeout_ms: int = 1000,

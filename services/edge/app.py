@@ -28,6 +28,7 @@ from services.acceptance.feed import EventFeed
 from services.acceptance.routes import acceptance_routes
 from services.acceptance.settings import AcceptanceSettings, EventSettings
 from services.acceptance.sse import event_routes
+from services.common import readiness
 from services.common.api.auth import Authenticator
 from services.common.api.body import JsonBody
 from services.common.api.context import ApiContext, json_response
@@ -41,8 +42,8 @@ from services.delivery.settings import DeliverySettings
 from services.edge import metrics, openapi
 from services.edge.ops import ops_routes
 from services.edge.review_page import review_page_routes
-
 from services.inference.review.api import review_routes
+
 log = logging.getLogger(__name__)
 
 
@@ -73,13 +74,11 @@ def build_routes(edge: Edge) -> list[BaseRoute]:
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok\n")
 
+    database = readiness.postgres_async(edge.pool)
+
     async def readyz(request: Request) -> Response:
-        try:
-            async with edge.pool.connection(timeout=2.0) as conn:
-                await conn.execute("SELECT 1")
-        except (psycopg.Error, PoolTimeout) as exc:
-            return PlainTextResponse(f"not ready: database: {type(exc).__name__}\n", status_code=503)
-        return PlainTextResponse("ready\n")
+        status, text = await readiness.verdict_async(database)
+        return PlainTextResponse(text, status_code=status)
 
     return [
         *acceptance_routes(edge.context, edge.settings),

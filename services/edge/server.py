@@ -11,12 +11,12 @@ import os
 import shutil
 import tempfile
 
-import psycopg
 import uvicorn
 from prometheus_client import REGISTRY, CollectorRegistry
 from uvicorn.supervisors import Multiprocess
 
 from services.acceptance.settings import AcceptanceSettings
+from services.common import readiness
 from services.common.ops_server import start_ops_server
 from services.delivery.settings import DeliverySettings
 
@@ -37,14 +37,7 @@ def main() -> int:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
 
-    def ready() -> str | None:
-        try:
-            with psycopg.connect(settings.common.database_url, connect_timeout=2) as conn:
-                conn.execute("SELECT 1")
-        except psycopg.Error as exc:
-            return f"database: {type(exc).__name__}"
-        return None
-
+    ready = readiness.postgres_connect(settings.common.database_url)
     ops = start_ops_server(settings.metrics_port, ready, registry=registry or REGISTRY)
     config = uvicorn.Config(
         "services.edge.app:create_app_from_env",

@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import REGISTRY
 
+from services.common import readiness
 from services.common.ops_server import start_ops_server
 from services.common.protos.fatura.limiter.v1 import limiter_pb2 as pb
 from services.common.protos.fatura.limiter.v1 import limiter_pb2_grpc as pb_grpc
@@ -126,13 +127,8 @@ async def serve(
         log.error("limiter cannot listen on %s: %s", address, exc)
         return 1
 
-    def ready() -> str | None:
-        try:
-            side_store.ping()
-        except LimiterError as exc:
-            return str(exc)
-        return None
-
+    # Asked afresh on every /readyz: the limiter is ready exactly while its Redis answers.
+    ready = readiness.redis_ping(side_store.client, cache_seconds=0)
     try:
         ops_server = start_ops_server(settings.metrics_port, ready, host=settings.host)
     except OSError as exc:

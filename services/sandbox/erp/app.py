@@ -23,6 +23,7 @@ from fatura_sdk import InvalidSecretError, Receiver
 from fatura_sdk.receiver import DEFAULT_MAX_BODY_BYTES
 from fatura_sdk.webhooks import decode_secret
 from services.common import faults as fault_points
+from services.common import readiness
 from services.sandbox.erp import ledger
 from services.sandbox.erp.acks import AckSender
 from services.sandbox.erp.faults import Fault, Faults, FaultSpecError, parse_fault
@@ -210,12 +211,11 @@ async def readyz(request: web.Request) -> web.Response:
         with erp.receiver.connection() as conn:
             conn.execute("SELECT 1").fetchone()
 
-    try:
-        await erp.db(check)
-    except Exception as exc:  # any failure of the check means "not ready", never a crash
-        reason = f"{type(exc).__name__}: {exc}"
-        return web.json_response({"status": "not ready", "reason": reason}, status=503)
-    return web.json_response({"status": "ready", "secrets": erp.receiver.secret_count})
+    async def database() -> None:
+        await erp.db(check)  # what it raises is the reason it is not ready
+
+    status, text = await readiness.verdict_async(database)
+    return web.Response(text=text, status=status)
 
 
 async def stats(request: web.Request) -> web.Response:
