@@ -32,6 +32,7 @@ from services.cli.stack import (
 )
 from services.common.db import sync_pool
 from services.common.migrate import migrate
+from services.common.procs import answers
 from services.delivery.endpoints import register_endpoint
 from services.sandbox.erp.settings import ErpSettings
 from services.sandbox.samples import SUPPLIERS_CSV, Sample, load_samples
@@ -74,7 +75,8 @@ def _demo(args: argparse.Namespace) -> int:
     OUT_DIR.mkdir(exist_ok=True)
     stack: Stack | None = None
     base_url = f"http://{settings.http_host}:{settings.http_port}"
-    if _answers(ready_url("http")):
+    url = ready_url("http")
+    if url is not None and answers(url):
         console.print(f"Using the stack already running at {base_url}.")
     else:
         log_path = OUT_DIR / "demo-stack.log"
@@ -98,15 +100,6 @@ def _demo(args: argparse.Namespace) -> int:
         if stack is not None:
             console.print("Stopping the local stack.")
             stack.stop()
-
-
-def _answers(url: str | None) -> bool:
-    if url is None:
-        return False
-    try:
-        return httpx.get(url, timeout=1.0).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _run_pipeline(console: Console, settings: AcceptanceSettings, base_url: str, timeout: float) -> int:
