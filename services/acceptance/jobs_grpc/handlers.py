@@ -76,8 +76,9 @@ def _streaming(
     return handle
 
 
-def _serialize(message: Message) -> bytes:
-    return message.SerializeToString()
+def _serialize(message: Message | bytes) -> bytes:
+    # A stream may hand over a message it has encoded already (Watch encodes each event once).
+    return message if isinstance(message, bytes) else message.SerializeToString()
 
 
 def job_service_handler(servicer: Any) -> grpc.GenericRpcHandler:

@@ -24,12 +24,15 @@ from psycopg_pool import PoolTimeout
 
 from services.acceptance.accept import Acceptor
 from services.acceptance.batches import BatchParser, BatchService
+from services.acceptance.feed import EventFeed
 from services.acceptance.jobs import JobService
 from services.acceptance.jobs_grpc.handlers import job_service_handler
 from services.acceptance.jobs_grpc.servicer import JobServicer
 from services.acceptance.jobs_grpc.settings import JobsGrpcSettings
+from services.acceptance.jobs_grpc.watch import Watcher
 from services.acceptance.requests import RequestParser
 from services.common.api.auth import Authenticator
+from services.common.api.keywatch import KeyWatch
 from services.common.api.throttle import FailureThrottle
 from services.common.db import AsyncPool, async_pool
 from services.common.ops_server import start_ops_server
@@ -99,7 +102,9 @@ def max_request_bytes(settings: JobsGrpcSettings) -> int:
     return max(settings.acceptance.max_body_bytes, settings.acceptance.max_batch_body_bytes)
 
 
-def build_servicer(settings: JobsGrpcSettings, pool: AsyncPool) -> JobServicer:
+def build_servicer(
+    settings: JobsGrpcSettings, pool: AsyncPool, feed: EventFeed, keys: KeyWatch
+) -> JobServicer:
     acceptance = settings.acceptance
     notifier = OutboxNotifier(pool)
     throttle = FailureThrottle(acceptance.auth_failure_limit, 60.0, acceptance.auth_block_seconds)
@@ -111,6 +116,7 @@ def build_servicer(settings: JobsGrpcSettings, pool: AsyncPool) -> JobServicer:
         JobService(pool, notifier),
         BatchParser(acceptance, parser),
         BatchService(pool, notifier, acceptance),
+        Watcher(feed, keys, settings.events.heartbeat_seconds),
     )
 
 
@@ -126,7 +132,11 @@ async def serve(settings: JobsGrpcSettings, credentials: Any = None) -> int:
             ("grpc.max_receive_message_length", max_request_bytes(settings)),
         ]
     )
-    server.add_generic_rpc_handlers((job_service_handler(build_servicer(settings, pool)),))
+    # One reader of the job event log for every Watch of the process, as the edge has for SSE.
+    common = settings.acceptance.common
+    feed = EventFeed(common, settings.events, pool, name="jobs-grpc", db_role="fatura_edge")
+    keys = KeyWatch(pool, settings.events.auth_recheck_seconds)
+    server.add_generic_rpc_handlers((job_service_handler(build_servicer(settings, pool, feed, keys)),))
     checker = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     if settings.reflection:
@@ -156,6 +166,8 @@ async def serve(settings: JobsGrpcSettings, credentials: Any = None) -> int:
         loop.add_signal_handler(signum, stop.set)
 
     await pool.open(wait=False)
+    await feed.start()
+    await keys.start()
     await server.start()
     watcher = asyncio.create_task(watch.run())
     log.info(
@@ -169,6 +181,9 @@ async def serve(settings: JobsGrpcSettings, credentials: Any = None) -> int:
     log.info("jobs-grpc stopping")
     watcher.cancel()
     await checker.enter_graceful_shutdown()
+    # Open Watch streams get their end event (resume with after_seq) before the server stops.
+    await feed.stop()
+    await keys.stop()
     await server.stop(_GRACE_S)
     ops_server.shutdown()
     await pool.close()

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 import psycopg
@@ -20,6 +20,7 @@ from services.acceptance.batches import requests as batch_requests
 from services.acceptance.idempotency import validate_key
 from services.acceptance.jobs import JobService
 from services.acceptance.jobs_grpc import messages, metrics, status
+from services.acceptance.jobs_grpc.watch import Watcher
 from services.acceptance.requests import RequestParser
 from services.common.api.auth import Authenticator
 from services.common.api.errors import ApiError, Unauthorized, Unavailable
@@ -59,6 +60,14 @@ def as_api_error(exc: Exception) -> ApiError:
     return internal_error()
 
 
+async def _refuse(method: str, context: Any, exc: Exception, started: float) -> NoReturn:
+    """End the call with the status of ``exc`` (a typed error, or INTERNAL / UNAVAILABLE)."""
+    answer = status.to_status(as_api_error(exc))
+    metrics.RPC_SECONDS.labels(method, answer.code.name).observe(time.perf_counter() - started)
+    await context.abort(answer.code, answer.details, answer.trailing_metadata)
+    raise AssertionError("context.abort returned") from exc  # abort always raises
+
+
 def authorization(context: Any) -> str | None:
     """The call's one ``authorization`` metadata value (None when absent)."""
     values = [value for key, value in (context.invocation_metadata() or ()) if key == AUTHORIZATION]
@@ -88,6 +97,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         jobs: JobService,
         batch_parser: BatchParser,
         batches: BatchService,
+        watcher: Watcher,
     ) -> None:
         self._auth = auth
         self._parser = parser
@@ -95,6 +105,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         self._jobs = jobs
         self._batch_parser = batch_parser
         self._batches = batches
+        self._watcher = watcher
 
     async def tenant(self, context: Any) -> Tenant:
         """The tenant of the call's tenant-scoped key (UNAUTHENTICATED / PERMISSION_DENIED)."""
@@ -105,10 +116,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         try:
             result = await call()
         except Exception as exc:
-            answer = status.to_status(as_api_error(exc))
-            metrics.RPC_SECONDS.labels(method, answer.code.name).observe(time.perf_counter() - started)
-            await context.abort(answer.code, answer.details, answer.trailing_metadata)
-            raise AssertionError("context.abort returned") from exc  # abort always raises
+            await _refuse(method, context, exc, started)
         metrics.RPC_SECONDS.labels(method, grpc.StatusCode.OK.name).observe(time.perf_counter() - started)
         return result
 
@@ -184,3 +192,16 @@ class JobServicer(pb_grpc.JobServiceServicer):
             return messages.batch_items(page)
 
         return await self._handle("ListBatchItems", context, call)
+
+    async def Watch(  # type: ignore[override]  # yields WatchEvents already encoded
+        self, request: pb.WatchRequest, context: Any
+    ) -> AsyncIterator[bytes]:
+        # Yields encoded WatchEvents (each job event encoded once for every stream of the process).
+        # A stream the client leaves is cancelled; one the server ends raises after its end event.
+        started = time.perf_counter()
+        try:
+            key = await self._auth.tenant_key(authorization(context), peer_host(context.peer()))
+            async for event in self._watcher.stream(key, request):
+                yield event
+        except Exception as exc:
+            await _refuse("Watch", context, exc, started)

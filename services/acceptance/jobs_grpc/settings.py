@@ -1,5 +1,5 @@
 """Settings of the ``jobs-grpc`` process, read once from ``FATURA_JOBS_GRPC_*`` (and the acceptance
-settings it shares with the HTTP edge: limits, admission, key cache)."""
+and event feed settings it shares with the HTTP edge: limits, admission, key cache, streams)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.acceptance.settings import AcceptanceSettings
+from services.acceptance.settings import AcceptanceSettings, EventSettings
 from services.common.settings import SettingsError, env_int, env_str, env_switch, is_loopback
 
 
@@ -20,6 +20,8 @@ def _env_path(env: Mapping[str, str], name: str) -> Path | None:
 @dataclass(frozen=True)
 class JobsGrpcSettings:
     acceptance: AcceptanceSettings = field(default_factory=AcceptanceSettings)
+    # The event feed Watch reads, with the edge's settings (poll, heartbeat, key recheck, buffers).
+    events: EventSettings = field(default_factory=EventSettings)
     host: str = "127.0.0.1"
     port: int = 50051
     metrics_port: int = 9187
@@ -49,6 +51,7 @@ class JobsGrpcSettings:
             raise SettingsError("FATURA_JOBS_GRPC_TLS_CERT and FATURA_JOBS_GRPC_TLS_KEY must be set together")
         return cls(
             acceptance=AcceptanceSettings.from_env(env),
+            events=EventSettings.from_env(env),
             host=env_str(env, "FATURA_JOBS_GRPC_HOST", cls.host),
             port=env_int(env, "FATURA_JOBS_GRPC_PORT", cls.port, lo=1, hi=65535),
             metrics_port=env_int(env, "FATURA_JOBS_GRPC_METRICS_PORT", cls.metrics_port, lo=1, hi=65535),

@@ -983,3 +983,218 @@ class ListBatchItemsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListBatchItemsResponse: _TypeAlias = ListBatchItemsResponse  # noqa: Y015
+
+@_typing.final
+class WatchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    AFTER_SEQ_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """Empty: every job of the tenant. Another tenant's job is NOT_FOUND."""
+    after_seq: _builtins.int
+    """The seq of the last event received (the SSE Last-Event-ID); unset: start with a snapshot."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        after_seq: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_after_seq", b"_after_seq", "after_seq", b"after_seq"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_seq", b"_after_seq", "after_seq", b"after_seq", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__after_seq: _TypeAlias = _typing.Literal["after_seq"]  # noqa: Y015
+    _WhichOneofArgType__after_seq: _TypeAlias = _typing.Literal["_after_seq", b"_after_seq"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__after_seq) -> _WhichOneofReturnType__after_seq | None: ...
+
+Global___WatchRequest: _TypeAlias = WatchRequest  # noqa: Y015
+
+@_typing.final
+class JobEvent(_message.Message):
+    """One job event: the job's state after a change, a review decision or an ERP acknowledgement."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    STATE_VERSION_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    STATUS_URL_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    """Increases along the stream; resume after it with WatchRequest.after_seq."""
+    job_id: _builtins.str
+    state: Global___JobState.ValueType
+    state_version: _builtins.int
+    kind: _builtins.str
+    """"state", "review" or "erp_ack"."""
+    done: _builtins.bool
+    status_url: _builtins.str
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        job_id: _builtins.str = ...,
+        state: Global___JobState.ValueType = ...,
+        state_version: _builtins.int = ...,
+        kind: _builtins.str = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+        done: _builtins.bool = ...,
+        status_url: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "done", b"done", "job_id", b"job_id", "kind", b"kind", "seq", b"seq", "state", b"state", "state_version", b"state_version", "status_url", b"status_url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobEvent: _TypeAlias = JobEvent  # noqa: Y015
+
+@_typing.final
+class SnapshotJob(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    STATE_VERSION_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    STATUS_URL_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    state: Global___JobState.ValueType
+    state_version: _builtins.int
+    done: _builtins.bool
+    status_url: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        state: Global___JobState.ValueType = ...,
+        state_version: _builtins.int = ...,
+        done: _builtins.bool = ...,
+        status_url: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "job_id", b"job_id", "state", b"state", "state_version", b"state_version", "status_url", b"status_url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotJob: _TypeAlias = SnapshotJob  # noqa: Y015
+
+@_typing.final
+class Snapshot(_message.Message):
+    """The stream's jobs as they are now (the unfinished ones of the tenant, or the one job)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    """Where the stream goes on from: resuming after it needs no second snapshot."""
+    reason: _builtins.str
+    """"no_cursor" or "cursor_expired" (the events after the cursor were deleted after their retention)."""
+    truncated: _builtins.bool
+    """Only the newest jobs are listed; List lists every one."""
+    message: _builtins.str
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___SnapshotJob]: ...
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        reason: _builtins.str = ...,
+        jobs: _abc.Iterable[Global___SnapshotJob] | None = ...,
+        truncated: _builtins.bool = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "message", b"message", "reason", b"reason", "seq", b"seq", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Snapshot: _TypeAlias = Snapshot  # noqa: Y015
+
+@_typing.final
+class StreamEnd(_message.Message):
+    """The server ends the stream; always the last event, followed by the stream's status."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """"key_revoked" or "shutdown"."""
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamEnd: _TypeAlias = StreamEnd  # noqa: Y015
+
+@_typing.final
+class Heartbeat(_message.Message):
+    """Sent after a quiet stretch, so a client (or a proxy) knows the stream is alive."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Heartbeat: _TypeAlias = Heartbeat  # noqa: Y015
+
+@_typing.final
+class WatchEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_EVENT_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def job_event(self) -> Global___JobEvent: ...
+    @_builtins.property
+    def snapshot(self) -> Global___Snapshot: ...
+    @_builtins.property
+    def end(self) -> Global___StreamEnd: ...
+    @_builtins.property
+    def heartbeat(self) -> Global___Heartbeat: ...
+    def __init__(
+        self,
+        *,
+        job_event: Global___JobEvent | None = ...,
+        snapshot: Global___Snapshot | None = ...,
+        end: Global___StreamEnd | None = ...,
+        heartbeat: Global___Heartbeat | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "event", b"event", "heartbeat", b"heartbeat", "job_event", b"job_event", "snapshot", b"snapshot"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "event", b"event", "heartbeat", b"heartbeat", "job_event", b"job_event", "snapshot", b"snapshot"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["job_event", "snapshot", "end", "heartbeat"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
+
+Global___WatchEvent: _TypeAlias = WatchEvent  # noqa: Y015

@@ -71,6 +71,11 @@ class JobServiceStub:
                 request_serializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.ListBatchItemsRequest.SerializeToString,
                 response_deserializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.ListBatchItemsResponse.FromString,
                 _registered_method=True)
+        self.Watch = channel.unary_stream(
+                '/fatura.jobs.v1.JobService/Watch',
+                request_serializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.WatchRequest.SerializeToString,
+                response_deserializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.WatchEvent.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -134,6 +139,19 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Watch(self, request, context):
+        """The tenant's job events as they happen (or one job's), in order, from the same feed as the
+        HTTP API's server-sent events (GET /v1/events, GET /v1/extraction-jobs/{id}/events). Without
+        after_seq the stream starts with a snapshot of the jobs; with the seq of the last event
+        received it resumes after it (a cursor older than the retention gets a snapshot first). A
+        job's state_version never goes backwards on a stream. A heartbeat follows every quiet stretch.
+        A key revoked while the stream is open ends it within seconds: an `end` event, then
+        UNAUTHENTICATED; a server shutting down sends `end`, then UNAVAILABLE (resume with after_seq).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -171,6 +189,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.ListBatchItems,
                     request_deserializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.ListBatchItemsRequest.FromString,
                     response_serializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.ListBatchItemsResponse.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.WatchRequest.FromString,
+                    response_serializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.WatchEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -363,6 +386,33 @@ class JobService:
             '/fatura.jobs.v1.JobService/ListBatchItems',
             services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.ListBatchItemsRequest.SerializeToString,
             services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.ListBatchItemsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/fatura.jobs.v1.JobService/Watch',
+            services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.WatchRequest.SerializeToString,
+            services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.WatchEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -74,6 +74,15 @@ class JobServiceStub:
     """A page of a batch's items in index order, with each finished item's result or error (HTTP:
     GET /v1/extraction-batches/{id}/items), readable while the batch runs.
     """
+    Watch: _grpc.UnaryStreamMultiCallable[_jobs_pb2.WatchRequest, _jobs_pb2.WatchEvent]
+    """The tenant's job events as they happen (or one job's), in order, from the same feed as the
+    HTTP API's server-sent events (GET /v1/events, GET /v1/extraction-jobs/{id}/events). Without
+    after_seq the stream starts with a snapshot of the jobs; with the seq of the last event
+    received it resumes after it (a cursor older than the retention gets a snapshot first). A
+    job's state_version never goes backwards on a stream. A heartbeat follows every quiet stretch.
+    A key revoked while the stream is open ends it within seconds: an `end` event, then
+    UNAUTHENTICATED; a server shutting down sends `end`, then UNAVAILABLE (resume with after_seq).
+    """
 
 @_typing.type_check_only
 class JobServiceAsyncStub(JobServiceStub):
@@ -106,6 +115,15 @@ class JobServiceAsyncStub(JobServiceStub):
     ListBatchItems: _aio.UnaryUnaryMultiCallable[_jobs_pb2.ListBatchItemsRequest, _jobs_pb2.ListBatchItemsResponse]  # type: ignore[assignment]
     """A page of a batch's items in index order, with each finished item's result or error (HTTP:
     GET /v1/extraction-batches/{id}/items), readable while the batch runs.
+    """
+    Watch: _aio.UnaryStreamMultiCallable[_jobs_pb2.WatchRequest, _jobs_pb2.WatchEvent]  # type: ignore[assignment]
+    """The tenant's job events as they happen (or one job's), in order, from the same feed as the
+    HTTP API's server-sent events (GET /v1/events, GET /v1/extraction-jobs/{id}/events). Without
+    after_seq the stream starts with a snapshot of the jobs; with the seq of the last event
+    received it resumes after it (a cursor older than the retention gets a snapshot first). A
+    job's state_version never goes backwards on a stream. A heartbeat follows every quiet stretch.
+    A key revoked while the stream is open ends it within seconds: an `end` event, then
+    UNAUTHENTICATED; a server shutting down sends `end`, then UNAVAILABLE (resume with after_seq).
     """
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -178,6 +196,21 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_jobs_pb2.ListBatchItemsResponse, _abc.Awaitable[_jobs_pb2.ListBatchItemsResponse]]:
         """A page of a batch's items in index order, with each finished item's result or error (HTTP:
         GET /v1/extraction-batches/{id}/items), readable while the batch runs.
+        """
+
+    @_abc_1.abstractmethod
+    def Watch(
+        self,
+        request: _jobs_pb2.WatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_jobs_pb2.WatchEvent], _abc.AsyncIterator[_jobs_pb2.WatchEvent]]:
+        """The tenant's job events as they happen (or one job's), in order, from the same feed as the
+        HTTP API's server-sent events (GET /v1/events, GET /v1/extraction-jobs/{id}/events). Without
+        after_seq the stream starts with a snapshot of the jobs; with the seq of the last event
+        received it resumes after it (a cursor older than the retention gets a snapshot first). A
+        job's state_version never goes backwards on a stream. A heartbeat follows every quiet stretch.
+        A key revoked while the stream is open ends it within seconds: an `end` event, then
+        UNAUTHENTICATED; a server shutting down sends `end`, then UNAVAILABLE (resume with after_seq).
         """
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
