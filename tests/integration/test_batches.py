@@ -7,8 +7,12 @@ event in one unit of work); tests/integration/test_batch_pipeline.py runs the re
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -17,8 +21,13 @@ from psycopg.types.json import Jsonb
 
 from fix_api import INVOICE, job_body
 from fix_db import MakeTenant, SyncPool, TenantHandle, count_rows
-from services.acceptance.batches import item_key
+from fix_processes import ServiceProcess
+from services.acceptance.batches import BatchParser, BatchService, item_key
+from services.acceptance.settings import AcceptanceSettings
 from services.common import events, states
+from services.common.api.tenancy import Tenant, TenantLimits
+from services.common.db import async_pool
+from services.common.settings import CommonSettings
 from services.common.uow import JobChange, unit_of_work
 
 JSON = dict[str, Any]
@@ -350,6 +359,82 @@ def test_another_tenants_batch_is_404_and_a_bad_cursor_or_state_is_400(
         assert client.get(items, params=params, headers=owner.headers).status_code == 400
 
 
+def test_identical_batches_racing_under_one_key_make_one_batch_and_different_ones_409(
+    edge: ServiceProcess, make_tenant: MakeTenant, pool: SyncPool
+) -> None:
+    tenant = make_tenant()
+    body, other = {"items": _items(20)}, {"items": _items(21)}
+    barrier = threading.Barrier(12)
+
+    def send(payload: JSON) -> httpx.Response:
+        with httpx.Client(base_url=str(edge.base_url), timeout=60.0) as c:
+            barrier.wait()
+            return _post(c, tenant, payload, "raced")
+
+    # When twelve requests arrive at once under one key: eight of one batch, four of another
+    with ThreadPoolExecutor(max_workers=12) as threads:
+        replies = list(threads.map(send, [body] * 8 + [other] * 4))
+    # Then one batch exists, all copies of the winning body agree, the others are 409 naming it
+    codes = Counter(r.status_code for r in replies)
+    assert set(codes) <= {202, 409} and codes[202] in (4, 8), [r.text for r in replies]
+    [batch_id] = {r.json()["batch_id"] for r in replies if r.status_code == 202}
+    assert {r.json()["error"]["batch_id"] for r in replies if r.status_code == 409} == {batch_id}
+    total = 20 if codes[202] == 8 else 21
+    assert count_rows(pool, tenant.id) == {
+        "jobs": total,
+        "documents": total,
+        "outbox": total,
+        "job_events": total,
+    }
+
+
+def test_a_batch_cut_between_chunks_says_so_and_the_same_request_writes_only_what_is_missing(
+    client: httpx.Client, tenant: TenantHandle, pool: SyncPool, database_url: str
+) -> None:
+    settings = AcceptanceSettings(common=CommonSettings(database_url=database_url))
+    body = {"items": _items(5)}
+    me = Tenant(tenant.id, "t", 1, 8, TenantLimits(20_000, 10**12, 10**12, 10**12))
+
+    class CutAfterOneChunk(BatchService):
+        chunks = 0
+
+        async def _write_chunk(self, *args: Any, **kwargs: Any) -> None:
+            if CutAfterOneChunk.chunks == 1:
+                raise ConnectionResetError("the request's process died")
+            CutAfterOneChunk.chunks += 1
+            await super()._write_chunk(*args, **kwargs)
+
+    async def submit_and_die() -> None:
+        async with async_pool(settings.common, name="cut", autocommit=True) as db:
+            service = CutAfterOneChunk(db, None, settings, chunk_items=2)
+            with pytest.raises(ConnectionResetError):
+                await service.submit(me, "cut", BatchParser(settings).create_batch(body))
+
+    # Given a batch of five whose request died after its first chunk (two items) was committed
+    asyncio.run(submit_and_die())
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT id, state, accepted FROM extraction_batches WHERE tenant_id = %s", (tenant.id,)
+        ).fetchone()
+    assert row is not None and (row["state"], row["accepted"]) == ("accepting", 2)
+    written = {i["index"]: i["job_id"] for i in _items_of(client, tenant, str(row["id"]))}
+    assert sorted(written) == [0, 1]
+    # Then the batch says it is incomplete and what to do
+    status = client.get(f"/v1/extraction-batches/{row['id']}", headers=tenant.headers).json()
+    assert (status["state"], status["done"]) == ("accepting", False)
+    assert (
+        "only 2 of 5 items were accepted" in status["message"] and "same Idempotency-Key" in status["message"]
+    )
+    # When the same request is sent again, it completes the batch: the three missing items only
+    again = _post(client, tenant, body, "cut")
+    assert again.status_code == 202, again.text
+    assert again.json()["batch_id"] == str(row["id"]) and again.json()["state"] == "running"
+    items = _items_of(client, tenant, str(row["id"]))
+    assert [i["index"] for i in items] == [0, 1, 2, 3, 4]
+    assert {i["index"]: i["job_id"] for i in items if i["index"] < 2} == written
+    assert count_rows(pool, tenant.id) == {"jobs": 5, "documents": 5, "outbox": 5, "job_events": 5}
+
+
 def _events(pool: SyncPool, batch_id: str) -> list[JSON]:
     with pool.connection() as conn:
         rows = conn.execute(
@@ -360,6 +445,7 @@ def _events(pool: SyncPool, batch_id: str) -> list[JSON]:
     return [r["payload"] for r in rows]
 
 
+@pytest.mark.timeout(180)
 def test_ten_thousand_short_documents_are_accepted_in_one_request(
     client: httpx.Client, make_tenant: MakeTenant, pool: SyncPool
 ) -> None:

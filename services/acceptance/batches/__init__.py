@@ -7,7 +7,8 @@ The public surface, shared by the HTTP routes and any other transport (the gRPC 
 """
 
 from services.acceptance.batches.requests import BatchItem, BatchParser, CreateBatch, item_key
-from services.acceptance.batches.service import BatchAccepted, BatchService, close_finished_batches
+from services.acceptance.batches.service import BatchAccepted, BatchService
+from services.acceptance.batches.sweep import close_finished_batches
 
 __all__ = [
     "BatchAccepted",

@@ -10,6 +10,7 @@ key is derived from the batch's key and an item already written is recognised by
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool
 
 from services.acceptance import admission, metrics
 from services.acceptance.accept import Plan, plan_job, refusal, write_params
@@ -30,7 +31,6 @@ from services.acceptance.batches.requests import CreateBatch, item_keys
 from services.acceptance.queries import Q as ACCEPT_Q
 from services.acceptance.requests import DocumentBody
 from services.acceptance.settings import AcceptanceSettings
-from services.common import states
 from services.common.api.errors import ApiError, Conflict, NotFound, Unprocessable
 from services.common.api.tenancy import Tenant
 from services.common.ids import new_id
@@ -88,7 +88,7 @@ class BatchService:
             ).fetchone()
             stored = await self._documents(conn, tenant, batch)
         assert snapshot is not None  # an aggregate query always returns one row
-        plans = self._plans(tenant, keys, batch, stored)
+        plans = await asyncio.to_thread(self._plans, tenant, keys, batch, stored)
         request_hash = batch_hash(keys, plans)
         estimated = views.estimated_seconds(
             snapshot["pending_jobs"], len(keys), self._settings.expected_jobs_per_second
@@ -384,19 +384,3 @@ def decode_cursor(cursor: str) -> int:
         return int(value)
     except (ValueError, UnicodeError, binascii.Error):
         raise ApiError("the cursor is not one this server issued", code="invalid_cursor") from None
-
-
-def valid_state_filter(state: str) -> bool:
-    return state in states.ALL or state == views.ERRORS
-
-
-def close_finished_batches(pool: ConnectionPool[Any], *, limit: int = 100) -> int:
-    """The relay's sweep: close running batches whose items are all final, for the rare case where
-    the last two finished at the same instant and neither transaction saw the other's (each item
-    change closes its batch itself otherwise). ``pool`` is a blocking pool."""
-    with pool.connection() as conn:
-        row = conn.execute(Q["close_finished_batches"], {"limit": limit}).fetchone()
-    closed = int(row["closed"]) if row is not None else 0
-    if closed:
-        metrics.BATCHES_CLOSED.inc(closed)
-    return closed
