@@ -520,14 +520,26 @@ class EventFeed:
                     await conn.close()
 
     async def _wait(self, conn: psycopg.AsyncConnection[DictRow]) -> None:
-        """Until a wake-up or the next tick; a burst of wake-ups still reads at most once per
-        tenth of a tick."""
+        """Until a wake-up or the next tick: every ``poll_seconds`` while streams are open (or a gap
+        holds events back), every ``IDLE_POLL_SECONDS`` otherwise, ending the idle wait early when a
+        stream opens. A burst of wake-ups still reads at most once per tenth of a tick."""
         assert self._watermark is not None
-        busy = self._subscriptions or self._watermark.waiting
-        tick = self.settings.poll_seconds if busy else max(IDLE_POLL_SECONDS, self.settings.poll_seconds)
+        poll = self.settings.poll_seconds
         started = time.monotonic()
-        async for _ in conn.notifies(timeout=tick, stop_after=1):
-            pass
+        while True:
+            woken = False
+            # Run to its end (it stops after one): leaving it early would keep the connection locked.
+            async for _ in conn.notifies(timeout=poll, stop_after=1):
+                woken = True
+            if woken:
+                await self._space(started)
+                return
+            if self._subscriptions or self._watermark.waiting:
+                return
+            if time.monotonic() - started >= IDLE_POLL_SECONDS:
+                return
+
+    async def _space(self, started: float) -> None:
         spacing = self.settings.poll_seconds / 10 - (time.monotonic() - started)
         if spacing > 0:
             await asyncio.sleep(spacing)

@@ -157,3 +157,39 @@ def _seq_of(pool: SyncPool, job_id: uuid.UUID, version: int) -> int:
         ).fetchone()
     assert row is not None
     return int(row["seq"])
+
+
+def test_a_stream_that_falls_a_buffer_behind_catches_up_from_the_database(
+    common_settings: CommonSettings, pool: SyncPool, make_tenant: MakeTenant
+) -> None:
+    tenant = make_tenant()
+
+    async def main() -> list[FeedItem]:
+        apool = async_pool(common_settings, name="feed-test", max_size=2, autocommit=True)
+        await apool.open()
+        feed = EventFeed(
+            common_settings, EventSettings(poll_seconds=0.05, subscriber_buffer=2), apool, name="t"
+        )
+        await feed.start()
+        try:
+            async with await feed.subscribe(tenant.id) as subscription:
+                await collect(subscription, 1)
+                # Given a client that reads nothing while seven events arrive (its buffer holds two)
+                jobs = [await asyncio.to_thread(new_job, pool, tenant.id) for _ in range(3)]
+                for job in jobs[:2]:
+                    await asyncio.to_thread(change_state, pool, tenant.id, job, "RUNNING")
+                    await asyncio.to_thread(change_state, pool, tenant.id, job, "SUCCEEDED")
+                await asyncio.sleep(0.5)
+                # Then what it reads next is every one of them, in order
+                return await collect(subscription, 7)
+        finally:
+            await feed.stop()
+            await apool.close()
+
+    items = asyncio.run(main())
+    seqs = [i.seq for i in items if isinstance(i, JobEvent)]
+    with pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT seq FROM job_events WHERE tenant_id = %s ORDER BY seq", (tenant.id,)
+        ).fetchall()
+    assert seqs == [int(r["seq"]) for r in rows]
