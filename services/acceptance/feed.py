@@ -25,55 +25,42 @@ watermark, so no stream loses an event; streams stay open meanwhile.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
 import uuid
-from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter
 from psycopg.rows import DictRow
-from psycopg_pool import PoolTimeout
 
+from services.acceptance.feed_items import End, FeedItem, JobEvent, Snapshot, SnapshotJob
 from services.acceptance.settings import EventSettings
-from services.acceptance.views import status_url
+from services.acceptance.subscription import Subscription
 from services.acceptance.watermark import Watermark
-from services.common import states
-from services.common.api.errors import NotFound, Unavailable
+from services.common.api.errors import Unavailable
 from services.common.db import AsyncPool, async_connect
 from services.common.queries import load_queries
 from services.common.settings import CommonSettings
 
+__all__ = ["End", "EventFeed", "FeedItem", "JobEvent", "Snapshot", "SnapshotJob", "Subscription"]
+
 log = logging.getLogger(__name__)
 Q = load_queries(Path(__file__).with_name("sql") / "feed.sql")
 
-# Rows per read, for the feed and for a stream's catch-up.
+# Rows per read.
 PAGE = 1000
 # The feed starts this far below the newest event, so one still committing below it is not missed.
 LOOKBACK = 1000
-# Jobs a tenant's snapshot lists (unfinished ones, newest first).
-SNAPSHOT_JOBS = 1000
 # Jobs whose last delivered version the feed remembers, to drop an event that would go backwards.
 VERSION_MEMORY = 50_000
 IDLE_POLL_SECONDS = 1.0
-_UNFINISHED = sorted(states.NON_TERMINAL | states.AWAITING_REVIEW)
 
-STREAMS_OPEN = Gauge(
-    "fatura_event_streams_open", "Event streams (SSE, Watch) open now", multiprocess_mode="livesum"
-)
-STREAMS_ENDED = Counter("fatura_event_streams_ended_total", "Event streams the server ended", ["reason"])
 EVENTS_READ = Counter("fatura_event_feed_events_total", "Job events the feed read and fanned out")
-CATCH_UPS = Counter(
-    "fatura_event_stream_catch_ups_total",
-    "Times a stream fell a buffer behind and caught up from the database instead",
-)
 GAPS_SKIPPED = Counter(
     "fatura_event_feed_gaps_skipped_total",
     "Event numbers the feed stopped waiting for after two minutes (a transaction held them that long)",
@@ -82,287 +69,6 @@ OUT_OF_ORDER = Counter(
     "fatura_event_feed_out_of_order_total", "Events dropped because their job's stream had a newer version"
 )
 RECONNECTS = Counter("fatura_event_feed_reconnects_total", "Times the feed's reader lost PostgreSQL")
-
-
-@dataclass(frozen=True, slots=True)
-class JobEvent:
-    """One row of the job event log, as every stream sends it."""
-
-    seq: int
-    tenant_id: uuid.UUID
-    job_id: uuid.UUID
-    state: str
-    state_version: int
-    kind: str  # 'state' | 'review' | 'erp_ack'
-    at: datetime
-    data: bytes = field(repr=False, compare=False)  # the JSON body, encoded once for every stream
-
-    @classmethod
-    def from_row(cls, row: DictRow) -> JobEvent:
-        body = {
-            "seq": row["seq"],
-            "job_id": str(row["job_id"]),
-            "state": row["state"],
-            "state_version": row["state_version"],
-            "kind": row["kind"],
-            "at": row["at"].isoformat(),
-            "done": states.is_done(row["state"]),
-            "status_url": status_url(row["job_id"]),
-        }
-        return cls(
-            seq=row["seq"],
-            tenant_id=row["tenant_id"],
-            job_id=row["job_id"],
-            state=row["state"],
-            state_version=row["state_version"],
-            kind=row["kind"],
-            at=row["at"],
-            data=json.dumps(body, separators=(",", ":")).encode(),
-        )
-
-
-@dataclass(frozen=True)
-class SnapshotJob:
-    job_id: uuid.UUID
-    state: str
-    state_version: int
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "job_id": str(self.job_id),
-            "state": self.state,
-            "state_version": self.state_version,
-            "done": states.is_done(self.state),
-            "status_url": status_url(self.job_id),
-        }
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The stream's jobs as they are now, sent first when there is no cursor to resume from
-    (``reason`` ``no_cursor``) or when the events after it were pruned (``cursor_expired``).
-    ``seq`` is where the stream goes on from: a client resuming from it gets no second snapshot."""
-
-    seq: int
-    reason: str
-    jobs: tuple[SnapshotJob, ...]
-    truncated: bool
-    job_stream: bool
-
-    def body(self) -> dict[str, Any]:
-        if self.job_stream:
-            message = "The job as it is now; its later events follow."
-        else:
-            message = "Your unfinished jobs as they are now; later events follow."
-            if self.reason == "cursor_expired":
-                message += (
-                    " Events before this point were deleted after their retention: a job that finished"
-                    " meanwhile is not listed; GET /v1/extraction-jobs lists every job."
-                )
-            if self.truncated:
-                message += f" Only the newest {len(self.jobs)} are listed; GET /v1/extraction-jobs lists all."
-        return {
-            "type": "snapshot",
-            "reason": self.reason,
-            "seq": self.seq,
-            "jobs": [job.body() for job in self.jobs],
-            "truncated": self.truncated,
-            "message": message,
-        }
-
-
-@dataclass(frozen=True)
-class End:
-    """The server ended the stream; always the last item."""
-
-    reason: str  # 'key_revoked' | 'shutdown'
-    message: str
-
-    def body(self) -> dict[str, Any]:
-        return {"type": "end", "reason": self.reason, "message": self.message}
-
-
-FeedItem = JobEvent | Snapshot | End
-
-
-class Subscription:
-    """One open stream: a tenant's events, or one job's. Made by ``EventFeed.subscribe``."""
-
-    def __init__(
-        self,
-        feed: EventFeed,
-        tenant_id: uuid.UUID,
-        job_id: uuid.UUID | None,
-        *,
-        cursor: int,
-        floor: int,
-        snapshot: str | None,
-    ) -> None:
-        self.tenant_id = tenant_id
-        self.job_id = job_id
-        self._feed = feed
-        # The last seq this stream has passed on; live events at or below it are not sent.
-        self._cursor = cursor
-        # Events up to here come from the database; live ones above it are queued meanwhile.
-        self._upto = floor
-        self._queue: deque[JobEvent] = deque()
-        self._wake = asyncio.Event()
-        self._pending_snapshot = snapshot
-        self._prepared: list[FeedItem] = []
-        # While a snapshot may show a job newer than an event still to come: job -> version shown.
-        self._shown: dict[uuid.UUID, int] | None = None
-        self._shown_until = 0
-        self._end: End | None = None
-        self._closed = False
-
-    # ---------------------------------------------------------------- called by the feed
-
-    def _push(self, event: JobEvent) -> None:
-        if event.seq <= self._upto or self._end is not None:
-            return
-        if len(self._queue) >= self._feed.settings.subscriber_buffer:
-            # Too slow for live delivery: drop the queue and read this stretch from the database.
-            CATCH_UPS.inc()
-            self._queue.clear()
-            self._upto = event.seq
-        else:
-            self._queue.append(event)
-        self._wake.set()
-
-    # ---------------------------------------------------------------- the stream's public side
-
-    def end(self, reason: str, message: str) -> None:
-        """End the stream: its next batch ends with ``End(reason, message)``."""
-        if self._end is None:
-            self._end = End(reason, message)
-            STREAMS_ENDED.labels(reason).inc()
-            self._wake.set()
-
-    def close(self) -> None:
-        """Release the stream (idempotent): the feed stops handing it events."""
-        if not self._closed:
-            self._closed = True
-            self._feed._unregister(self)
-            STREAMS_OPEN.dec()
-
-    async def __aenter__(self) -> Subscription:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.close()
-
-    async def batches(self, heartbeat: float) -> AsyncIterator[list[FeedItem]]:
-        """What to send, in order; an empty batch after ``heartbeat`` seconds with nothing to send.
-        Ends after the batch that ends with ``End``."""
-        failures = 0
-        while True:
-            if self._end is not None:
-                yield [self._end]
-                return
-            try:
-                batch = await self._next(heartbeat)
-                failures = 0
-            except (psycopg.OperationalError, psycopg.errors.QueryCanceled, PoolTimeout) as exc:
-                # Catching up reads the database; while it is away the stream stays open and waits.
-                failures += 1
-                log.warning("an event stream could not read the database (%s); retrying", exc)
-                await asyncio.sleep(random.uniform(0, min(5.0, 0.2 * 2**failures)))
-                batch = []
-            if batch is not None:
-                yield batch
-
-    async def _next(self, heartbeat: float) -> list[FeedItem] | None:
-        """The next batch; [] when ``heartbeat`` passed quietly; None when there is nothing to send
-        yet but something to do first (end, or catch up)."""
-        if self._prepared:
-            batch, self._prepared = self._prepared, []
-            return batch
-        if self._pending_snapshot is not None:
-            return [await self._snapshot(self._pending_snapshot, self._cursor)]
-        if self._cursor < self._upto:
-            return await self._catch_up()
-        if not self._queue:
-            self._wake.clear()
-            try:
-                async with asyncio.timeout(heartbeat):
-                    await self._wake.wait()
-            except TimeoutError:
-                return []
-            if self._end is not None or self._cursor < self._upto:
-                return None
-        events: list[FeedItem] = [e for e in self._queue if self._fresh(e)]
-        self._queue.clear()
-        return events if events else None
-
-    async def _prepare(self) -> None:
-        """Read what the stream starts with now, so a database error or another tenant's job is the
-        request's answer rather than a broken stream."""
-        if self._pending_snapshot is not None:
-            self._prepared = [await self._snapshot(self._pending_snapshot, self._cursor)]
-            return
-        if self.job_id is not None:
-            await self._feed._require_job(self.tenant_id, self.job_id)
-        if self._cursor < self._upto:
-            self._prepared = await self._catch_up()
-
-    async def _snapshot(self, reason: str, resume: int) -> Snapshot:
-        params = {
-            "tenant_id": self.tenant_id,
-            "job_id": self.job_id,
-            "states": _UNFINISHED,
-            "limit": SNAPSHOT_JOBS + 1,
-        }
-        query = Q["snapshot_job"] if self.job_id is not None else Q["snapshot_tenant"]
-        rows = await self._feed._fetch(query, params)
-        if self.job_id is not None and rows[0]["job_id"] is None:
-            raise _job_not_found()
-        jobs = [SnapshotJob(r["job_id"], r["state"], r["state_version"]) for r in rows if r["job_id"]]
-        self._shown = {job.job_id: job.state_version for job in jobs[:SNAPSHOT_JOBS]}
-        self._shown_until = int(rows[0]["newest"])
-        self._cursor = max(self._cursor, resume)
-        self._pending_snapshot = None
-        return Snapshot(
-            seq=self._cursor,
-            reason=reason,
-            jobs=tuple(jobs[:SNAPSHOT_JOBS]),
-            truncated=len(jobs) > SNAPSHOT_JOBS,
-            job_stream=self.job_id is not None,
-        )
-
-    async def _catch_up(self) -> list[FeedItem]:
-        params = {
-            "tenant_id": self.tenant_id,
-            "job_id": self.job_id,
-            "after": self._cursor,
-            "upto": self._upto,
-            "limit": PAGE,
-        }
-        query = Q["replay_job"] if self.job_id is not None else Q["replay_tenant"]
-        rows = await self._feed._fetch(query, params)
-        horizon = int(rows[0]["pruned_through"])
-        if horizon > self._cursor:
-            # What this stream missed was partly pruned: the jobs as they are now, then the rest.
-            return [await self._snapshot("cursor_expired", horizon)]
-        read = [JobEvent.from_row(r) for r in rows if r["seq"] is not None]
-        events: list[FeedItem] = [e for e in read if self._fresh(e)]
-        self._cursor = read[-1].seq if len(read) == PAGE else self._upto
-        return events
-
-    def _fresh(self, event: JobEvent) -> bool:
-        """Not sent before, and no older than what a snapshot already showed; moves the cursor."""
-        if event.seq <= self._cursor:
-            return False
-        self._cursor = event.seq
-        if self._shown is not None:
-            if event.seq > self._shown_until:
-                self._shown = None
-            else:
-                shown = self._shown.get(event.job_id)
-                if shown is not None and (
-                    event.state_version < shown or (event.state_version == shown and event.kind == "state")
-                ):
-                    return False
-        return True
 
 
 class EventFeed:
@@ -432,17 +138,19 @@ class EventFeed:
                 headers={"Retry-After": "5"},
             ) from None
         floor = self.watermark or 0
-        if last_seq is None:
-            subscription = Subscription(
-                self, tenant_id, job_id, cursor=floor, floor=floor, snapshot="no_cursor"
-            )
-        else:
-            subscription = Subscription(
-                self, tenant_id, job_id, cursor=last_seq, floor=max(floor, last_seq), snapshot=None
-            )
+        subscription = Subscription(
+            tenant_id,
+            job_id,
+            cursor=floor if last_seq is None else last_seq,
+            floor=floor if last_seq is None else max(floor, last_seq),
+            snapshot="no_cursor" if last_seq is None else None,
+            buffer=self.settings.subscriber_buffer,
+            fetch=self._fetch,
+            release=self._unregister,
+        )
         self._register(subscription)
         try:
-            await subscription._prepare()
+            await subscription.prepare()
         except BaseException:
             subscription.close()
             raise
@@ -456,7 +164,6 @@ class EventFeed:
             self._by_tenant.setdefault(subscription.tenant_id, set()).add(subscription)
         else:
             self._by_job.setdefault(subscription.job_id, set()).add(subscription)
-        STREAMS_OPEN.inc()
 
     def _unregister(self, subscription: Subscription) -> None:
         self._subscriptions.discard(subscription)
@@ -474,10 +181,6 @@ class EventFeed:
     async def _fetch(self, query: str, params: dict[str, Any]) -> list[DictRow]:
         async with self._pool.connection() as conn:
             return await (await conn.execute(query, params)).fetchall()
-
-    async def _require_job(self, tenant_id: uuid.UUID, job_id: uuid.UUID) -> None:
-        if not await self._fetch(Q["find_job"], {"tenant_id": tenant_id, "job_id": job_id}):
-            raise _job_not_found()
 
     # ---------------------------------------------------------------- the reader
 
@@ -573,9 +276,9 @@ class EventFeed:
             if not self._in_order(event):
                 continue
             for subscription in self._by_tenant.get(event.tenant_id, ()):
-                subscription._push(event)
+                subscription.push(event)
             for subscription in self._by_job.get(event.job_id, ()):
-                subscription._push(event)
+                subscription.push(event)
 
     def _in_order(self, event: JobEvent) -> bool:
         """A job's version never goes backwards on any stream of this process."""
@@ -588,7 +291,3 @@ class EventFeed:
         if len(self._versions) > VERSION_MEMORY:
             self._versions.popitem(last=False)
         return True
-
-
-def _job_not_found() -> NotFound:
-    return NotFound("no such extraction job for this tenant", code="job_not_found")

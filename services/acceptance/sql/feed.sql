@@ -50,6 +50,9 @@ LEFT JOIN LATERAL (
 ) e ON true
 ORDER BY e.seq
 
+-- name: horizon
+SELECT pruned_through FROM job_event_horizon
+
 -- name: find_job
 -- A job stream opens only on the tenant's own job.
 SELECT id FROM extraction_jobs WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s
