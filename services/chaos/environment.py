@@ -416,8 +416,7 @@ class ChaosStack:
             conn.execute(drop)
 
     def _delete_queues(self) -> None:
-        known = {events.queue_name(self.prefix, r) for routes in events.ROUTES.values() for r in routes}
-        known |= {f"{self.prefix}.inference.run", f"{self.prefix}.delivery.deliver"}
+        known = set(events.all_queues(self.prefix))
         names = {name + suffix for name in known for suffix in ("", ".DQ", ".XQ")}
         try:
             listed = _rabbitmqctl(self.settings.rabbitmqctl, "list_queues", "name", "--no-table-headers")

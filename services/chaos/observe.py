@@ -19,7 +19,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from services.chaos.environment import Accepted, ChaosStack
-from services.chaos.invariants import TERMINAL, Attempt, Event, Expected, Facts, Job, LedgerEntry
+from services.chaos.invariants import TERMINAL, TO_ERP, Attempt, Event, Expected, Facts, Job, LedgerEntry
 from services.common.queries import load_queries
 
 log = logging.getLogger(__name__)
@@ -110,17 +110,22 @@ class Observer:
             self.progress.inference_done_at = now
             self.progress.provider_requests_at_inference_done = requests
         unsettled = sum(n for state, n in deliveries.items() if state in ("pending", "delivering"))
-        if deliveries.get("delivered", 0) >= total and not unsettled and self._ledger_has_all(conn):
+        if not unsettled and self._ledger_has_all(conn):
             self.progress.drained_at = now
 
     def _ledger_has_all(self, conn: psycopg.Connection[dict[str, Any]]) -> bool:
+        """Every accepted job whose final state goes to the ERP is there at its version (a job
+        awaiting review never goes there, DESIGN §5.13)."""
         rows = conn.execute(Q["jobs"], {"tenant_id": self.tenant_id})
-        versions = {r["id"]: r["state_version"] for r in rows}
+        jobs = {r["id"]: (r["state"], r["state_version"]) for r in rows}
         ledger = {str(e["job_id"]): e for e in self.stack.ledger()}
-        return all(
-            a.job_id in ledger and ledger[a.job_id]["state_version"] == versions.get(a.job_id)
-            for a in self.accepted
-        )
+        for a in self.accepted:
+            state, version = jobs.get(a.job_id, (None, None))
+            if state not in TO_ERP:
+                continue
+            if a.job_id not in ledger or ledger[a.job_id]["state_version"] != version:
+                return False
+        return True
 
 
 def gather(

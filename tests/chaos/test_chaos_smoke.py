@@ -22,7 +22,7 @@ INVARIANTS = {
     "jobs end in the state their sample is built for",
     "no job lost",
     "no stale attempt overwrote a job",
-    "the ERP applied each final state exactly once",
+    "the ERP applied each final state exactly once, and no job awaiting review",
     "no model call caused by delivery",
     "limiter peak in-flight within the cap",
     "no process exited on its own",
