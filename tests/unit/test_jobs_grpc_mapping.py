@@ -8,15 +8,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import grpc
+import psycopg
 import pytest
 from google.protobuf import json_format
 from google.rpc import code_pb2, error_details_pb2, status_pb2
+from psycopg_pool import PoolTimeout
 
 from services.acceptance import schemas, views
 from services.acceptance.batches import BatchParser
 from services.acceptance.batches import schemas as batch_schemas
 from services.acceptance.batches import views as batch_views
 from services.acceptance.jobs_grpc import messages, status
+from services.acceptance.jobs_grpc.servicer import as_api_error
 from services.acceptance.requests import DocumentBody, RequestParser
 from services.acceptance.settings import AcceptanceSettings
 from services.common import states
@@ -341,3 +344,13 @@ def test_an_error_about_a_batch_item_names_the_item_field() -> None:
     assert status.field_violations(schema) == [("items[3].document.text", "empty")]
     assert status.field_violations(too_large) == [("items[2].document.text", "item 2: too large")]
     assert status.field_violations(twice)[0][0] == "items[4].idempotency_key"
+
+
+def test_a_transient_failure_is_unavailable_with_a_delay_and_anything_else_is_internal() -> None:
+    for transient in (psycopg.OperationalError("server closed the connection"), PoolTimeout("no connection")):
+        error = as_api_error(transient)
+        assert status.grpc_code(error) == grpc.StatusCode.UNAVAILABLE
+        assert status.retry_after_seconds(error) == 5
+    unexpected = as_api_error(ValueError("a bug, with words that stay in the log"))
+    assert status.grpc_code(unexpected) == grpc.StatusCode.INTERNAL
+    assert "bug" not in unexpected.message

@@ -9,6 +9,7 @@ keeps running and comes back by itself (DESIGN §5.12). A bad setting exits 2 be
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -20,7 +21,8 @@ import psycopg
 import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from psycopg_pool import PoolTimeout
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow
 
 from services.acceptance.accept import Acceptor
 from services.acceptance.batches import BatchParser, BatchService
@@ -34,10 +36,10 @@ from services.acceptance.requests import RequestParser
 from services.common.api.auth import Authenticator
 from services.common.api.keywatch import KeyWatch
 from services.common.api.throttle import FailureThrottle
-from services.common.db import AsyncPool, async_pool
+from services.common.db import AsyncPool, async_connect, async_pool
 from services.common.ops_server import start_ops_server
 from services.common.protos.fatura.jobs.v1 import jobs_pb2 as pb
-from services.common.settings import SettingsError
+from services.common.settings import CommonSettings, SettingsError
 from services.common.uow import OutboxNotifier
 
 log = logging.getLogger(__name__)
@@ -50,33 +52,51 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class DatabaseWatch:
-    """Asks PostgreSQL once a second and tells the health service and /readyz what it found."""
+    """Asks PostgreSQL once a second and tells the health service and /readyz what it found.
 
-    def __init__(self, pool: AsyncPool, checker: health.aio.HealthServicer) -> None:
-        self._pool = pool
+    It asks on a connection of its own, not the pool's: a pool busy with calls is load, not a
+    database away, and must not turn the service NOT_SERVING.
+    """
+
+    def __init__(self, common: CommonSettings, checker: health.aio.HealthServicer) -> None:
+        self._common = common
         self._checker = checker
+        self._conn: AsyncConnection[DictRow] | None = None
         self.problem: str | None = "not checked yet"
 
     async def check(self) -> str | None:
         try:
-            async with self._pool.connection(timeout=2.0) as conn:
-                await conn.execute("SELECT 1")
-        except (psycopg.Error, PoolTimeout) as exc:
+            if self._conn is None or self._conn.closed:
+                self._conn = await async_connect(
+                    self._common, autocommit=True, role="edge", name="jobs-grpc-health", db_role="fatura_edge"
+                )
+            async with asyncio.timeout(2.0):
+                await self._conn.execute("SELECT 1")
+        except (psycopg.Error, TimeoutError) as exc:
+            await self.close()
             return f"database: {type(exc).__name__}"
         return None
 
+    async def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await conn.close()
+
     async def run(self) -> None:
-        while True:
-            problem = await self.check()
-            if problem != self.problem:
-                if problem is None:
-                    log.info("database answers: JobService SERVING")
-                else:
-                    log.error("%s: JobService NOT_SERVING (calls answer UNAVAILABLE)", problem)
-            self.problem = problem
-            for name in ("", SERVICE_NAME):
-                await self._checker.set(name, SERVING if problem is None else NOT_SERVING)
-            await asyncio.sleep(_HEALTH_INTERVAL_S)
+        try:
+            while True:
+                problem = await self.check()
+                if problem != self.problem:
+                    if problem is None:
+                        log.info("database answers: JobService SERVING")
+                    else:
+                        log.error("%s: JobService NOT_SERVING (calls answer UNAVAILABLE)", problem)
+                self.problem = problem
+                for name in ("", SERVICE_NAME):
+                    await self._checker.set(name, SERVING if problem is None else NOT_SERVING)
+                await asyncio.sleep(_HEALTH_INTERVAL_S)
+        finally:
+            await self.close()
 
     def ready(self) -> str | None:
         return self.problem
@@ -153,7 +173,7 @@ async def serve(settings: JobsGrpcSettings, credentials: Any = None) -> int:
         log.error("jobs-grpc cannot listen on %s: %s", address, exc)
         return 1
 
-    watch = DatabaseWatch(pool, checker)
+    watch = DatabaseWatch(settings.acceptance.common, checker)
     try:
         ops_server = start_ops_server(settings.metrics_port, watch.ready, host=settings.host)
     except OSError as exc:
@@ -180,6 +200,8 @@ async def serve(settings: JobsGrpcSettings, credentials: Any = None) -> int:
     await stop.wait()
     log.info("jobs-grpc stopping")
     watcher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watcher
     await checker.enter_graceful_shutdown()
     # Open Watch streams get their end event (resume with after_seq) before the server stops.
     await feed.stop()

@@ -10,8 +10,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
 import grpc
-import psycopg
-from psycopg_pool import PoolTimeout
 
 from services.acceptance import requests
 from services.acceptance.accept import Acceptor
@@ -22,6 +20,7 @@ from services.acceptance.jobs import JobService
 from services.acceptance.jobs_grpc import messages, metrics, status
 from services.acceptance.jobs_grpc.watch import Watcher
 from services.acceptance.requests import RequestParser
+from services.common import failures
 from services.common.api.auth import Authenticator
 from services.common.api.errors import ApiError, Unauthorized, Unavailable
 from services.common.api.tenancy import Tenant
@@ -53,7 +52,7 @@ def as_api_error(exc: Exception) -> ApiError:
     INTERNAL without its words (they may carry hosts, SQL or data)."""
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, psycopg.OperationalError | PoolTimeout):
+    if failures.is_transient(exc):  # the database away, a pool timeout, a lock or statement timeout
         log.error("database unavailable: %s: %s", type(exc).__name__, exc)
         return database_unavailable()
     log.error("unexpected error in a JobService call", exc_info=exc)
