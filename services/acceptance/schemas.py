@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.common import states
+from services.common.job_errors import TENANT_MESSAGES
 
 JSON = dict[str, Any]
 
@@ -23,6 +24,15 @@ _TEXT: JSON = {"type": "string", "minLength": 1, "pattern": "^[^\\u0000]*$"}
 _FILENAME: JSON = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[^\\u0000-\\u001f]*$"}
 _TIMESTAMP: JSON = {"type": "string", "format": "date-time"}
 _STATE: JSON = {"type": "string", "enum": sorted(states.ALL)}
+JOB_ERROR: JSON = {
+    "type": "object",
+    "required": ["class", "message"],
+    "description": "A stable class and a message written for the tenant (never a provider's raw text).",
+    "properties": {
+        "class": {"type": "string", "enum": sorted(TENANT_MESSAGES)},
+        "message": {"type": "string"},
+    },
+}
 
 
 def create_document_request() -> JSON:
@@ -149,22 +159,13 @@ JOB_STATUS: JSON = {
         "message": {"type": "string"},
         "result": {"type": ["object", "null"], "description": "the invoice.v1 extraction"},
         "policy_version": {"type": "string", "description": "the validation policy that judged it"},
-        "last_error": {
-            "type": "object",
-            "description": "why the last attempt failed, while a retry is scheduled",
-            "required": ["class", "message"],
-            "properties": {"class": {"type": "string"}, "message": {"type": "string"}},
-        },
+        "last_error": {**JOB_ERROR, "description": "why the last attempt failed, while a retry is scheduled"},
         "review": {
             "type": "object",
             "required": ["reasons"],
             "properties": {"reasons": {"type": "array"}},
         },
-        "error": {
-            "type": "object",
-            "required": ["class", "message"],
-            "properties": {"class": {"type": "string"}, "message": {"type": "string"}},
-        },
+        "error": JOB_ERROR,
         "erp": {
             "type": "object",
             "description": (

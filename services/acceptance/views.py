@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from services.common import states
+from services.common.job_errors import tenant_error
 
 JSON = dict[str, Any]
 
@@ -83,7 +84,8 @@ def _state_message(job: JSON, url: str, wait: int | None) -> str:
     if state == states.REJECTED:
         return "Rejected by a reviewer; no result will be delivered. The reviewer's reason is in `error`."
     if state == states.FAILED_TERMINAL:
-        return f"Failed permanently ({job.get('error_class') or 'unknown'}); no result will be produced."
+        error_class = tenant_error(job.get("error_class"), None, state)["class"]
+        return f"Failed permanently ({error_class}); no result will be produced."
     return "Cancelled; no result will be produced."
 
 
@@ -137,10 +139,11 @@ def status_body(job: JSON) -> JSON:
         body["review"] = review
     if job.get("erp"):
         body["erp"] = job["erp"]
+    # The tenant reads a stable class and words written for it; the raw text is the operator's.
     if state == states.RETRY_SCHEDULED and job.get("error_class"):
-        body["last_error"] = {"class": job["error_class"], "message": job["error_message"] or ""}
+        body["last_error"] = tenant_error(job["error_class"], job["error_message"], state)
     if state in (states.FAILED_TERMINAL, states.REJECTED):
-        body["error"] = {"class": job["error_class"] or "unknown", "message": job["error_message"] or ""}
+        body["error"] = tenant_error(job["error_class"], job["error_message"], state)
     return body
 
 

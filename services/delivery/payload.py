@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.common import events
+from services.common.job_errors import tenant_error
 
 PING = "webhook.ping.v1"
 # What an endpoint receives when it names no event types: an ERP's events. A result that did not
@@ -94,7 +95,7 @@ def event_body(
             if job.get("correction"):
                 data["correction"] = {"changes": job["correction"].get("changes")}
         if job.get("error_class") is not None:
-            data["error"] = {"class": job["error_class"], "message": job.get("error_message") or ""}
+            data["error"] = tenant_error(job["error_class"], job.get("error_message"), state)
     if job.get("policy_version") is not None:
         data["policy_version"] = job["policy_version"]
     data["status_url"] = status_url(job_id)

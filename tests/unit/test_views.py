@@ -81,11 +81,14 @@ def test_finished_states_are_done_and_stop_the_clock(state: str) -> None:
 def test_review_and_failure_carry_their_reasons() -> None:
     review = status_body(_job(states.REVIEW_REQUIRED, review_reasons=[{"code": "iban_checksum"}]))
     failed = status_body(
-        _job(states.FAILED_TERMINAL, error_class="deadline_passed", error_message="too late")
+        _job(states.FAILED_TERMINAL, error_class="deadline_exceeded", error_message="too late")
     )
     assert review["review"] == {"reasons": [{"code": "iban_checksum"}]}
     assert "human reviewer" in review["message"]
-    assert failed["error"] == {"class": "deadline_passed", "message": "too late"}
+    assert failed["error"] == {
+        "class": "deadline_exceeded",
+        "message": "The job's deadline passed before an extraction could finish.",
+    }
 
 
 def test_a_scheduled_retry_is_polled_when_it_is_due() -> None:

@@ -140,11 +140,7 @@ BATCH_ITEM: JSON = {
             "required": ["reasons"],
             "properties": {"reasons": {"type": "array"}},
         },
-        "error": {
-            "type": "object",
-            "required": ["class", "message"],
-            "properties": {"class": {"type": "string"}, "message": {"type": "string"}},
-        },
+        "error": job_schemas.JOB_ERROR,
     },
 }
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from services.acceptance import views as job_views
 from services.common import states
+from services.common.job_errors import tenant_error
 
 JSON = dict[str, Any]
 
@@ -189,8 +190,7 @@ def item_body(job: JSON) -> JSON:
     if state in (states.REVIEW_REQUIRED, states.REJECTED):
         body["review"] = {"reasons": job["review_reasons"] or []}
     if state in ERROR_STATES:
-        default = "cancelled" if state == states.CANCELLED else "unknown"
-        body["error"] = {"class": job["error_class"] or default, "message": job["error_message"] or ""}
+        body["error"] = tenant_error(job["error_class"], job["error_message"], state)
     return body
 
 
