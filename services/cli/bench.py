@@ -17,6 +17,7 @@ from services.cli.stack import apply_local_defaults
 
 BENCHMARKS = {
     "accept": ("bench.accept", "open-loop job submissions against the running HTTP edge vs raw psycopg"),
+    "jobs-grpc": ("bench.jobs_grpc", "open-loop gRPC JobService Submit beside HTTP accept, in the same run"),
     "limiter": ("bench.limiter", "Acquire+Release pairs through the limiter vs the raw Lua scripts"),
     "delivery": ("bench.delivery", "signed webhook deliveries/s to the local ERP vs raw httpx POSTs"),
     "gateway": ("bench.gateway", "provider gateway overhead per call vs a bare httpx call to the simulator"),

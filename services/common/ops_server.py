@@ -5,14 +5,16 @@ Used by processes that are not HTTP servers themselves (relay, workers, limiter)
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import REGISTRY, CollectorRegistry, make_wsgi_app
 
 from services.common import readiness
+from services.common.settings import env_str
 
 _STATUS_LINES = {200: "200 OK", 503: "503 Service Unavailable"}
 
@@ -45,10 +47,17 @@ def ops_app(ready: readiness.Probe, registry: CollectorRegistry = REGISTRY) -> C
     return app
 
 
+def ops_host(env: Mapping[str, str] | None = None) -> str:
+    """Where an ops port binds unless its process names its own host: ``FATURA_METRICS_HOST``
+    (loopback by default; ``0.0.0.0`` in a container, so probes and Prometheus reach it)."""
+    return env_str(os.environ if env is None else env, "FATURA_METRICS_HOST", "127.0.0.1")
+
+
 def start_ops_server(
-    port: int, ready: readiness.Probe, *, host: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY
+    port: int, ready: readiness.Probe, *, host: str | None = None, registry: CollectorRegistry = REGISTRY
 ) -> WSGIServer:
     """Serve the ops endpoints on a daemon thread; ``server.shutdown()`` stops it."""
+    host = ops_host() if host is None else host
     server = make_server(host, port, ops_app(ready, registry), handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name=f"ops:{port}", daemon=True).start()
     return server
