@@ -260,6 +260,8 @@ class Claims:
                     "input_tokens": hop.input_tokens,
                     "output_tokens": hop.output_tokens,
                     "latency_ms": hop.latency_ms,
+                    "error_message": _excerpt(hop.error_message or hop.skip_reason),
+                    "worker_id": self._worker_id[:64],
                 },
             )
 
@@ -274,6 +276,11 @@ class Claims:
                 {"job_ids": ids, "fences": [owned[i] for i in ids], "lease_seconds": self._lease_seconds},
             ).fetchall()
         return set(ids) - {row["id"] for row in rows}
+
+
+def _excerpt(text: str | None) -> str | None:
+    """At most 1,000 characters (the column holds 4 KiB): enough to read what a provider said."""
+    return text[:1000] if text else None
 
 
 def _load_fields(row: Mapping[str, Any]) -> dict[str, Any]:

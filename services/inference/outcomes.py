@@ -77,7 +77,7 @@ def decide(
             )
         model_error = verdict.error_class or "model_error"
         if hops:  # the exchange went fine; the answer did not: the attempt's row says so
-            hops = (*hops[:-1], replace(hops[-1], outcome=model_error))
+            hops = (*hops[:-1], replace(hops[-1], outcome=model_error, error_message=verdict.error_message))
         return _retry_or_fail(
             job,
             hops,

@@ -82,6 +82,9 @@ class Hop:
     skip_reason: str | None = None
     # The model the response says answered (providers may name a dated variant of ``model``).
     answered_model: str | None = None
+    # What went wrong, in the provider's or the gateway's own words: for the operator's attempt log
+    # only, never shown to the tenant (services/common/job_errors.py).
+    error_message: str | None = None
 
 
 @dataclass(frozen=True)

@@ -184,6 +184,7 @@ class Gateway:
             latency_ms=round(elapsed * 1000),
             sent=outcome.sent,
             answered_model=outcome.model,
+            error_message=outcome.message if error is not None else None,
         )
         return outcome, hop
 

@@ -85,10 +85,10 @@ SELECT id, tenant_id, 'fatura', 'opened', %(detail)s FROM task
 -- name: insert_attempt
 INSERT INTO job_attempts (job_id, attempt, fence, channel, model, started_at, ended_at, outcome,
                           http_status, error_class, retry_after_ms, input_tokens, output_tokens,
-                          latency_ms)
+                          latency_ms, error_message, worker_id)
 VALUES (%(job_id)s, %(attempt)s, %(fence)s, %(channel)s, %(model)s, %(started_at)s, %(ended_at)s,
         %(outcome)s, %(http_status)s, %(error_class)s, %(retry_after_ms)s, %(input_tokens)s,
-        %(output_tokens)s, %(latency_ms)s)
+        %(output_tokens)s, %(latency_ms)s, %(error_message)s, %(worker_id)s)
 
 -- name: renew_leases
 UPDATE extraction_jobs j

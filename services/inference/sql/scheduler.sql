@@ -44,8 +44,11 @@ WHERE id = %(job_id)s
 RETURNING state_version
 
 -- name: lease_expired_attempt
-INSERT INTO job_attempts (job_id, attempt, fence, started_at, ended_at, outcome, error_class)
-VALUES (%(job_id)s, %(attempt)s, %(fence)s, %(started_at)s, now(), 'lease_expired', 'lease_expired')
+INSERT INTO job_attempts (job_id, attempt, fence, started_at, ended_at, outcome, error_class,
+                          error_message, worker_id)
+VALUES (%(job_id)s, %(attempt)s, %(fence)s, %(started_at)s, now(), 'lease_expired', 'lease_expired',
+        'the lease expired before the worker completed the attempt',
+        (SELECT left(claimed_by, 64) FROM extraction_jobs WHERE id = %(job_id)s))
 
 -- name: due_jobs
 SELECT count(*) AS due, min(available_at) AS oldest, now() AS now
