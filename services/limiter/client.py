@@ -328,16 +328,12 @@ class LimiterClient:
         return _ms(response.cooldown_until)
 
     def pool_status(self, pool: str) -> PoolStatus:
-        response = self._call("PoolStatus", pb.PoolStatusRequest(pool=pool))
-        return PoolStatus(
-            pool=response.pool,
-            window_ms=response.window_ms,
-            requests=Dimension(response.requests.limit, response.requests.used),
-            tokens=Dimension(response.tokens.limit, response.tokens.used),
-            in_flight=Dimension(response.in_flight.limit, response.in_flight.used),
-            cooldown_until_ms=_ms(response.cooldown_until) if response.HasField("cooldown_until") else None,
-            observed_at_ms=_ms(response.observed_at),
-        )
+        return _pool_status(self._call("PoolStatus", pb.PoolStatusRequest(pool=pool)))
+
+    def pool_statuses(self) -> list[PoolStatus]:
+        """Every configured pool's status, ordered by name."""
+        response = self._call("ListPoolStatus", pb.ListPoolStatusRequest())
+        return [_pool_status(p) for p in response.pools]
 
     def _call(self, method: str, request: Any) -> Any:
         try:
@@ -361,3 +357,15 @@ class LimiterClient:
                 error,
             )
         return error
+
+
+def _pool_status(response: Any) -> PoolStatus:
+    return PoolStatus(
+        pool=response.pool,
+        window_ms=response.window_ms,
+        requests=Dimension(response.requests.limit, response.requests.used),
+        tokens=Dimension(response.tokens.limit, response.tokens.used),
+        in_flight=Dimension(response.in_flight.limit, response.in_flight.used),
+        cooldown_until_ms=_ms(response.cooldown_until) if response.HasField("cooldown_until") else None,
+        observed_at_ms=_ms(response.observed_at),
+    )

@@ -28,7 +28,7 @@ from services.limiter.errors import (
     UnknownPool,
 )
 from services.limiter.ids import parse_permit_id
-from services.limiter.model import AcquireRequest, Denial, DenyReason, Outcome
+from services.limiter.model import AcquireRequest, Denial, DenyReason, Dimension, Outcome, PoolStatus
 from services.limiter.operations import LimiterOps
 from services.limiter.store import AsyncRedisStore
 
@@ -166,25 +166,33 @@ class LimiterServicer(pb_grpc.LimiterServiceServicer):
 
     async def PoolStatus(self, request: pb.PoolStatusRequest, context: Any) -> pb.PoolStatusResponse:
         async def call() -> pb.PoolStatusResponse:
-            status = await self._store.execute(self._ops.pool_status(request.pool))
-            response = pb.PoolStatusResponse(
-                pool=status.pool,
-                window_ms=status.window_ms,
-                requests=pb.Dimension(
-                    limit=status.requests.limit, used=status.requests.used, headroom=status.requests.headroom
-                ),
-                tokens=pb.Dimension(
-                    limit=status.tokens.limit, used=status.tokens.used, headroom=status.tokens.headroom
-                ),
-                in_flight=pb.Dimension(
-                    limit=status.in_flight.limit,
-                    used=status.in_flight.used,
-                    headroom=status.in_flight.headroom,
-                ),
-                observed_at=timestamp(status.observed_at_ms),
-            )
-            if status.cooldown_until_ms is not None:
-                response.cooldown_until.CopyFrom(timestamp(status.cooldown_until_ms))
-            return response
+            return _status_message(await self._store.execute(self._ops.pool_status(request.pool)))
 
         return await self._handle("PoolStatus", context, call)
+
+    async def ListPoolStatus(
+        self, request: pb.ListPoolStatusRequest, context: Any
+    ) -> pb.ListPoolStatusResponse:
+        async def call() -> pb.ListPoolStatusResponse:
+            names = sorted(self._ops.config.pools)
+            statuses = [await self._store.execute(self._ops.pool_status(name)) for name in names]
+            return pb.ListPoolStatusResponse(pools=[_status_message(s) for s in statuses])
+
+        return await self._handle("ListPoolStatus", context, call)
+
+
+def _status_message(status: PoolStatus) -> pb.PoolStatusResponse:
+    def dimension(d: Dimension) -> pb.Dimension:
+        return pb.Dimension(limit=d.limit, used=d.used, headroom=d.headroom)
+
+    response = pb.PoolStatusResponse(
+        pool=status.pool,
+        window_ms=status.window_ms,
+        requests=dimension(status.requests),
+        tokens=dimension(status.tokens),
+        in_flight=dimension(status.in_flight),
+        observed_at=timestamp(status.observed_at_ms),
+    )
+    if status.cooldown_until_ms is not None:
+        response.cooldown_until.CopyFrom(timestamp(status.cooldown_until_ms))
+    return response

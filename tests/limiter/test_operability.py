@@ -91,6 +91,11 @@ def test_sighup_reloads_pools_and_a_broken_file_keeps_the_running_config(start_l
             time.sleep(0.05)
         assert client.pool_status("p").in_flight.limit == 5
         assert client.pool_status("q").requests.limit == 7
+        listed = client.pool_statuses()  # every configured pool, the new one included, by name
+        assert [(s.pool, s.requests.limit, s.in_flight.headroom) for s in listed] == [
+            ("p", 1000, 5),
+            ("q", 7, 1),
+        ]
         limiter.config_path.write_text("[pools.p\n")
         limiter.signal(signal.SIGHUP)
         deadline = time.monotonic() + 10

@@ -10,9 +10,11 @@ the tenant's in-flight cap, the tenant's daily token budget and the pool cooldow
 all of them or none. Times are read from the Redis clock, never the caller's.
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -409,3 +411,38 @@ class PoolStatusResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PoolStatusResponse: _TypeAlias = PoolStatusResponse  # noqa: Y015
+
+@_typing.final
+class ListPoolStatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPoolStatusRequest: _TypeAlias = ListPoolStatusRequest  # noqa: Y015
+
+@_typing.final
+class ListPoolStatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POOLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def pools(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolStatusResponse]: ...
+    def __init__(
+        self,
+        *,
+        pools: _abc.Iterable[Global___PoolStatusResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pools", b"pools"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPoolStatusResponse: _TypeAlias = ListPoolStatusResponse  # noqa: Y015

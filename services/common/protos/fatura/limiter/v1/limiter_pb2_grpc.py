@@ -61,6 +61,11 @@ class LimiterServiceStub:
                 request_serializer=services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.PoolStatusRequest.SerializeToString,
                 response_deserializer=services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.PoolStatusResponse.FromString,
                 _registered_method=True)
+        self.ListPoolStatus = channel.unary_unary(
+                '/fatura.limiter.v1.LimiterService/ListPoolStatus',
+                request_serializer=services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.ListPoolStatusRequest.SerializeToString,
+                response_deserializer=services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.ListPoolStatusResponse.FromString,
+                _registered_method=True)
 
 
 class LimiterServiceServicer:
@@ -104,6 +109,13 @@ class LimiterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListPoolStatus(self, request, context):
+        """PoolStatus of every configured pool, by name (for the operator's view). Read only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LimiterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -131,6 +143,11 @@ def add_LimiterServiceServicer_to_server(servicer, server):
                     servicer.PoolStatus,
                     request_deserializer=services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.PoolStatusRequest.FromString,
                     response_serializer=services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.PoolStatusResponse.SerializeToString,
+            ),
+            'ListPoolStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPoolStatus,
+                    request_deserializer=services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.ListPoolStatusRequest.FromString,
+                    response_serializer=services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.ListPoolStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +286,33 @@ class LimiterService:
             '/fatura.limiter.v1.LimiterService/PoolStatus',
             services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.PoolStatusRequest.SerializeToString,
             services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.PoolStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPoolStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fatura.limiter.v1.LimiterService/ListPoolStatus',
+            services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.ListPoolStatusRequest.SerializeToString,
+            services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.ListPoolStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,6 +55,8 @@ class LimiterServiceStub:
     """
     PoolStatus: _grpc.UnaryUnaryMultiCallable[_limiter_pb2.PoolStatusRequest, _limiter_pb2.PoolStatusResponse]
     """Limits, usage, headroom and cooldown of one pool (for metrics and autoscaling)."""
+    ListPoolStatus: _grpc.UnaryUnaryMultiCallable[_limiter_pb2.ListPoolStatusRequest, _limiter_pb2.ListPoolStatusResponse]
+    """PoolStatus of every configured pool, by name (for the operator's view). Read only."""
 
 @_typing.type_check_only
 class LimiterServiceAsyncStub(LimiterServiceStub):
@@ -75,6 +77,8 @@ class LimiterServiceAsyncStub(LimiterServiceStub):
     """
     PoolStatus: _aio.UnaryUnaryMultiCallable[_limiter_pb2.PoolStatusRequest, _limiter_pb2.PoolStatusResponse]  # type: ignore[assignment]
     """Limits, usage, headroom and cooldown of one pool (for metrics and autoscaling)."""
+    ListPoolStatus: _aio.UnaryUnaryMultiCallable[_limiter_pb2.ListPoolStatusRequest, _limiter_pb2.ListPoolStatusResponse]  # type: ignore[assignment]
+    """PoolStatus of every configured pool, by name (for the operator's view). Read only."""
 
 class LimiterServiceServicer(metaclass=_abc_1.ABCMeta):
     """Grants permits for one provider pool at a time; see the file comment for the dimensions."""
@@ -122,5 +126,13 @@ class LimiterServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_limiter_pb2.PoolStatusResponse, _abc.Awaitable[_limiter_pb2.PoolStatusResponse]]:
         """Limits, usage, headroom and cooldown of one pool (for metrics and autoscaling)."""
+
+    @_abc_1.abstractmethod
+    def ListPoolStatus(
+        self,
+        request: _limiter_pb2.ListPoolStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_limiter_pb2.ListPoolStatusResponse, _abc.Awaitable[_limiter_pb2.ListPoolStatusResponse]]:
+        """PoolStatus of every configured pool, by name (for the operator's view). Read only."""
 
 def add_LimiterServiceServicer_to_server(servicer: LimiterServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
