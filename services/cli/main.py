@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Sequence
 
 from services.cli.extras import MissingExtra
+from services.common import logs
 from services.common.settings import CommonSettings, SettingsError
 
 # Each module exposes register(subparsers) and sets `func` on the parsers it adds.
@@ -42,17 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        level = CommonSettings.from_env().log_level
+        common = CommonSettings.from_env()
     except SettingsError as exc:
         print(f"fatura: bad setting: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
-    for noisy in ("pika", "httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logs.setup(common.log_level, common.log_format)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

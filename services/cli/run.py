@@ -6,6 +6,8 @@ import argparse
 from typing import Any
 
 from services.cli.processes import PROCESSES, by_name
+from services.common import tracing
+from services.common.settings import CommonSettings
 
 
 def register(sub: Any) -> None:
@@ -20,4 +22,8 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    return int(by_name(args.name).load()() or 0)
+    tracing.setup(args.name, trace_file=CommonSettings.from_env().trace_file)
+    try:
+        return int(by_name(args.name).load()() or 0)
+    finally:
+        tracing.shutdown()

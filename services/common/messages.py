@@ -1,6 +1,7 @@
 """Event messages as consumers receive them: parsed, checked, and refused with a reason when bad.
 
-The relay sends every event as one keyword argument, ``event``: ids and versions only (DESIGN §5.3).
+The relay sends every event as one keyword argument, ``event``: ids and versions only (DESIGN §5.3),
+and, when the job is traced, the W3C ``traceparent`` its consumers continue (an id too).
 A job's event names its job (``job_id``); a batch's event names its batch (``batch_id``) instead.
 A message that is malformed, of an unknown type or version, or oversized raises ``BadMessage`` (a
 ``Poison``): the ``Redelivery`` middleware records it in ``dead_letters`` with its reason and takes
@@ -18,6 +19,7 @@ from typing import Any
 
 from services.common.events import BATCH_EVENTS
 from services.common.failures import Poison
+from services.common.tracing import valid as valid_traceparent
 
 MAX_EVENT_BYTES = 8 * 1024
 
@@ -45,6 +47,12 @@ class EventMessage:
         subject = self.job_id if self.job_id is not None else self.batch_id
         assert subject is not None  # parse_event requires one
         return subject
+
+    @property
+    def traceparent(self) -> str | None:
+        """The W3C trace context the event carries, if well formed; a bad one is ignored, never
+        refused: tracing is an observer, and the event is good without it."""
+        return valid_traceparent(self.payload.get("traceparent"))
 
     @property
     def digest(self) -> str:

@@ -97,6 +97,11 @@ class CommonSettings:
     db_pool_max: int = 10
     faults: frozenset[str] = field(default_factory=frozenset)
     log_level: str = "INFO"
+    # json, text, or auto (text on a terminal, JSON lines otherwise): services/common/logs.py.
+    log_format: str = "auto"
+    # Finished spans are also appended here as JSON lines (tests, local debugging); the exporter
+    # proper is chosen by the standard OTEL_* variables (services/common/tracing.py).
+    trace_file: str | None = None
     # A message whose consumer met a transient failure comes back after full-jitter backoff
     # between these bounds; an unexpected error is redelivered this many times, then dead-lettered.
     redelivery_min_ms: int = 500
@@ -119,6 +124,9 @@ class CommonSettings:
         level = env_str(env, "FATURA_LOG_LEVEL", cls.log_level).upper()
         if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             raise SettingsError(f"FATURA_LOG_LEVEL={level!r} is not one of DEBUG, INFO, WARNING, ERROR")
+        log_format = env_str(env, "FATURA_LOG_FORMAT", cls.log_format).lower()
+        if log_format not in {"auto", "json", "text"}:
+            raise SettingsError(f"FATURA_LOG_FORMAT={log_format!r} is not one of auto, json, text")
         pool_min = env_int(env, "FATURA_DB_POOL_MIN", cls.db_pool_min, lo=0, hi=200)
         redelivery_min = env_int(env, "FATURA_REDELIVERY_MIN_MS", cls.redelivery_min_ms, lo=10, hi=600_000)
         db_roles = env_str(env, "FATURA_DB_ROLES", "1").lower()
@@ -133,6 +141,8 @@ class CommonSettings:
             db_pool_max=env_int(env, "FATURA_DB_POOL_MAX", cls.db_pool_max, lo=max(1, pool_min), hi=200),
             faults=env_set(env, "FATURA_FAULTS"),
             log_level=level,
+            log_format=log_format,
+            trace_file=env_str(env, "FATURA_TRACE_FILE", "") or None,
             redelivery_min_ms=redelivery_min,
             redelivery_max_ms=env_int(
                 env, "FATURA_REDELIVERY_MAX_MS", cls.redelivery_max_ms, lo=redelivery_min, hi=3_600_000

@@ -64,6 +64,9 @@ class JobChange:
     event_type: str | None
     detail: Mapping[str, Any] | None = None
     event_id: uuid.UUID = field(default_factory=new_id)
+    # The W3C trace context the event's consumers continue (services/common/tracing.py): an id,
+    # like the others the event carries.
+    traceparent: str | None = None
 
     def params(self) -> dict[str, Any]:
         payload = {
@@ -74,6 +77,8 @@ class JobChange:
             "state": self.state,
             "state_version": self.state_version,
         }
+        if self.traceparent is not None:
+            payload["traceparent"] = self.traceparent
         return {
             "event_id": self.event_id,
             "tenant_id": self.tenant_id,
@@ -83,6 +88,7 @@ class JobChange:
             "detail": Jsonb(dict(self.detail)) if self.detail is not None else None,
             "event_type": self.event_type,
             "payload": Jsonb(payload),
+            "traceparent": self.traceparent,
         }
 
 
