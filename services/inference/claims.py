@@ -23,7 +23,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from services.common import events, states
+from services.common import events, sli, states
 from services.common.ids import new_id
 from services.common.queries import load_queries
 from services.common.uow import JobChange, UnitOfWork, unit_of_work
@@ -229,7 +229,10 @@ class Claims:
                             "detail": Jsonb({"attempt": job.attempt, "fence": job.fence}),
                         },
                     )
-                return True
+        if row is not None:
+            # Observed once the transition committed: a rolled-back completion is not an outcome.
+            sli.observe_completion(row["priority"], completion.state, row["since_accepted"])
+            return True
         with unit_of_work(self._pool) as uow:
             self._log_hops(uow, job, completion.hops, stale=True)
         metrics.STALE_COMPLETIONS.inc()

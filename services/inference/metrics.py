@@ -29,7 +29,13 @@ REAPED = Counter(
 )
 EXPIRED = Counter("fatura_scheduler_deadline_expired_total", "Jobs failed because their deadline passed")
 WAKEUPS = Counter("fatura_scheduler_wakeups_sent_total", "Wake-ups sent by the scheduler's top-up")
-ELIGIBLE = Gauge("fatura_scheduler_eligible_jobs", "Jobs due to run now (capped at the wake-up target)")
+RUNNABLE = Gauge(
+    "fatura_scheduler_eligible_jobs",
+    "Jobs due to run now (READY or RETRY_SCHEDULED, available_at passed), by priority: exact, not capped",
+    ["priority"],
+)
 OLDEST_ELIGIBLE = Gauge(
-    "fatura_scheduler_oldest_eligible_age_seconds", "How long the oldest due job has waited to run"
+    "fatura_scheduler_oldest_eligible_age_seconds",
+    "How long the oldest due job of each priority has waited to run (0 when none is due)",
+    ["priority"],
 )

@@ -21,7 +21,7 @@ from typing import Any
 import dramatiq
 from psycopg_pool import ConnectionPool
 
-from services.common import deadletters, events, readiness, reconcile, states
+from services.common import deadletters, events, readiness, reconcile, sli, states
 from services.common.broker import QuorumRabbitmqBroker, make_broker
 from services.common.db import sync_pool
 from services.common.failures import Failure, classify
@@ -38,6 +38,7 @@ from services.inference.worker import queues
 log = logging.getLogger(__name__)
 Q = load_queries(Path(__file__).with_name("sql") / "scheduler.sql")
 
+PRIORITIES = ("interactive", "batch")
 TOPUP_LOCK_KEY = 0x46415455  # one leader per pass sends wake-ups
 LEASE_EXPIRED = "lease_expired"
 DEADLINE_EXCEEDED = "deadline_exceeded"
@@ -78,7 +79,9 @@ class Scheduler:
         )
 
     def run_once(self) -> dict[str, int]:
-        return {"reaped": self.reap(), "expired": self.expire_deadlines(), "woken": self.top_up()}
+        done = {"reaped": self.reap(), "expired": self.expire_deadlines(), "woken": self.top_up()}
+        self.measure_backlog()
+        return done
 
     def sweep(self) -> dict[str, int]:
         """The slower duties: reconcile the inbox, drain and prune dead letters."""
@@ -92,6 +95,7 @@ class Scheduler:
         return done
 
     def reap(self) -> int:
+        failed: list[dict[str, Any]] = []
         with unit_of_work(self._pool) as uow:
             rows = uow.execute(Q["expired_leases"], {"batch": self._s.scheduler_batch}).fetchall()
             now = datetime.now(UTC)
@@ -103,7 +107,7 @@ class Scheduler:
                 step = next_step(row["attempt"], now, row["deadline_at"], self._policy, rng=self._rng)
                 message = f"the lease of {row['claimed_by']} expired during attempt {row['attempt']}"
                 if isinstance(step, GiveUp):
-                    self._fail(uow, row, LEASE_EXPIRED, f"{message}; no retry: {step.reason}")
+                    failed.append(self._fail(uow, row, LEASE_EXPIRED, f"{message}; no retry: {step.reason}"))
                     metrics.REAPED.labels(states.FAILED_TERMINAL).inc()
                     continue
                 params = {
@@ -125,19 +129,21 @@ class Scheduler:
                 )
                 uow.record(change)
                 metrics.REAPED.labels(states.RETRY_SCHEDULED).inc()
+        _observe_failed(failed)
         return len(rows)
 
     def expire_deadlines(self) -> int:
+        failed: list[dict[str, Any]] = []
         with unit_of_work(self._pool) as uow:
             rows = uow.execute(Q["overdue_jobs"], {"batch": self._s.scheduler_batch}).fetchall()
             for row in rows:
-                self._fail(
-                    uow, row, DEADLINE_EXCEEDED, f"the deadline passed while the job was {row['state']}"
-                )
+                message = f"the deadline passed while the job was {row['state']}"
+                failed.append(self._fail(uow, row, DEADLINE_EXCEEDED, message))
                 metrics.EXPIRED.inc()
+        _observe_failed(failed)
         return len(rows)
 
-    def _fail(self, uow: UnitOfWork, row: dict[str, Any], error_class: str, message: str) -> None:
+    def _fail(self, uow: UnitOfWork, row: dict[str, Any], error_class: str, message: str) -> dict[str, Any]:
         params = {"job_id": row["id"], "error_class": error_class, "error_message": message}
         version = uow.execute(Q["fail_job"], params).fetchone()
         assert version is not None
@@ -152,6 +158,23 @@ class Scheduler:
                 detail,
             )
         )
+        return version
+
+    def measure_backlog(self) -> dict[str, int]:
+        """Set the exact runnable backlog and oldest eligible age of each priority; returns the counts.
+
+        Every scheduler measures (not only the top-up's leader), so each one's gauges are current.
+        """
+        with self._pool.connection() as conn:
+            rows = conn.execute(Q["runnable_backlog"], {"priorities": list(PRIORITIES)}).fetchall()
+        counts: dict[str, int] = {}
+        for row in rows:
+            counts[row["priority"]] = int(row["due"])
+            oldest = row["oldest"]
+            metrics.RUNNABLE.labels(row["priority"]).set(row["due"])
+            age = (row["now"] - oldest).total_seconds() if oldest else 0.0
+            metrics.OLDEST_ELIGIBLE.labels(row["priority"]).set(max(0.0, age))
+        return counts
 
     def top_up(self) -> int:
         # The advisory lock picks one leader per pass; the broker calls happen after the commit, so
@@ -163,9 +186,6 @@ class Scheduler:
                 return 0
             due = conn.execute(Q["due_jobs"], {"cap": self._s.wakeup_target}).fetchone()
         assert due is not None
-        metrics.ELIGIBLE.set(due["due"])
-        oldest = due["oldest"]
-        metrics.OLDEST_ELIGIBLE.set((due["now"] - oldest).total_seconds() if oldest else 0)
         if not due["due"]:
             return 0
         queued = self._broker.queue_depths(self._run_queue)[0]
@@ -183,6 +203,12 @@ class Scheduler:
         metrics.WAKEUPS.inc(missing)
         reconcile.count("job_wakeup", missing)
         return missing
+
+
+def _observe_failed(failed: list[dict[str, Any]]) -> None:
+    # After the commit: only a failure that was written is an outcome of the completion SLI.
+    for row in failed:
+        sli.observe_completion(row["priority"], states.FAILED_TERMINAL, row["since_accepted"])
 
 
 def _ids(row: dict[str, Any]) -> dict[str, Any]:

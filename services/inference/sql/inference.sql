@@ -68,7 +68,8 @@ SET state = %(state)s, state_version = state_version + 1, lease_until = NULL,
     finished_at = CASE WHEN %(terminal)s THEN now() END, updated_at = now(),
     decided_by = CASE WHEN %(state)s = 'SUCCEEDED' THEN 'model' END
 WHERE id = %(job_id)s AND state = 'RUNNING' AND fence = %(fence)s AND lease_until > now()
-RETURNING tenant_id, state_version
+RETURNING tenant_id, state_version, priority,
+          extract(epoch FROM now() - created_at)::float8 AS since_accepted
 
 -- name: open_review_task
 -- A result that did not pass validation waits for a reviewer (DESIGN §5.13): its task is opened

@@ -41,7 +41,7 @@ SET state = 'FAILED_TERMINAL', state_version = state_version + 1, fence = fence 
                                                                  'estimated_tokens', estimated_tokens))
                  ELSE usage END
 WHERE id = %(job_id)s
-RETURNING state_version
+RETURNING state_version, priority, extract(epoch FROM now() - created_at)::float8 AS since_accepted
 
 -- name: lease_expired_attempt
 INSERT INTO job_attempts (job_id, attempt, fence, started_at, ended_at, outcome, error_class,
@@ -51,11 +51,24 @@ VALUES (%(job_id)s, %(attempt)s, %(fence)s, %(started_at)s, now(), 'lease_expire
         (SELECT left(claimed_by, 64) FROM extraction_jobs WHERE id = %(job_id)s))
 
 -- name: due_jobs
-SELECT count(*) AS due, min(available_at) AS oldest, now() AS now
-FROM (SELECT available_at FROM extraction_jobs
+-- The wake-up top-up needs to know only whether the due jobs outnumber the queued wake-ups, so
+-- it stops counting at the wake-up target.
+SELECT count(*) AS due
+FROM (SELECT 1 FROM extraction_jobs
       WHERE state IN ('READY', 'RETRY_SCHEDULED') AND available_at <= now()
-      ORDER BY available_at
       LIMIT %(cap)s) AS due
+
+-- name: runnable_backlog
+-- The exact runnable backlog and its oldest eligible job, per priority: one index-only scan of
+-- extraction_jobs_backlog per priority, never capped (migration 0015 measures it).
+SELECT p.priority, b.due, b.oldest, now() AS now
+FROM unnest(%(priorities)s::text[]) AS p (priority)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS due, min(j.available_at) AS oldest
+    FROM extraction_jobs AS j
+    WHERE j.priority = p.priority AND j.state IN ('READY', 'RETRY_SCHEDULED')
+      AND j.available_at <= now()
+) AS b
 
 -- name: try_lead
 SELECT pg_try_advisory_xact_lock(%(key)s) AS leader
