@@ -2,12 +2,15 @@
 
 Dead letters: read them, and ask for a redrive. The edge only writes the request into the database;
 the scheduler of each queue's service publishes the stored message (``services/common/deadletters``),
-so the edge never talks to RabbitMQ. Thin: parse, call one function, map errors.
+so the edge never talks to RabbitMQ. Across tenants (``ops_store``): any job with its whole attempt
+log and raw error text, the inbox quarantine, webhook endpoint health, the limiter's pools. Thin:
+parse, call one function, map errors.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -18,9 +21,11 @@ from starlette.routing import BaseRoute, Route
 from services.common import deadletters
 from services.common.api.context import ApiContext
 from services.common.api.context import only_query as _only_query
-from services.common.api.errors import ApiError, NotFound, Unprocessable
+from services.common.api.errors import ApiError, NotFound, Unavailable, Unprocessable
 from services.common.api.schema import RequestValidator
-from services.edge.ops_schemas import MAX_ID, MAX_LIST_LIMIT, REDRIVE_REQUEST
+from services.edge import ops_store
+from services.edge.ops_schemas import ENDPOINT_STATES, INBOXES, MAX_ID, MAX_LIST_LIMIT, REDRIVE_REQUEST
+from services.limiter import LimiterClient, LimiterError, LimiterUnauthenticated
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +58,32 @@ def _dead_letter_id(raw: str) -> int | None:
     return None
 
 
-def ops_routes(edge: ApiContext, queue_prefix: str) -> list[BaseRoute]:
+def _limit(request: Request, default: int = 100) -> int:
+    raw = request.query_params.get("limit", str(default))
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_LIST_LIMIT:
+        raise ApiError(f"limit must be an integer from 1 to {MAX_LIST_LIMIT}", code="invalid_query")
+    return int(raw)
+
+
+def _choice(request: Request, name: str, allowed: tuple[str, ...]) -> str | None:
+    value = request.query_params.get(name)
+    if value is not None and value not in allowed:
+        raise ApiError(f"{name} must be one of {', '.join(allowed)}", code="invalid_query")
+    return value
+
+
+def _uuid(raw: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(raw) if len(raw) <= 36 else None
+    except ValueError:
+        return None
+
+
+def ops_routes(edge: ApiContext, queue_prefix: str, limiter: LimiterClient | None = None) -> list[BaseRoute]:
+    """``limiter``: the client the pool view asks; by default one built from ``FATURA_LIMITER_*``
+    (a gRPC channel connects on its first call, not here)."""
     pool = edge.pool
+    limiter_client = limiter if limiter is not None else LimiterClient.from_settings()
 
     async def list_dead_letters(request: Request) -> Response:
         await edge.operator(request)
@@ -132,7 +161,69 @@ def ops_routes(edge: ApiContext, queue_prefix: str) -> list[BaseRoute]:
         }
         return JSONResponse(answer, status_code=202)
 
+    async def get_job(request: Request) -> Response:
+        await edge.operator(request)
+        _only_query(request)
+        raw = request.path_params["job_id"]
+        job_id = _uuid(raw)
+        job = await ops_store.job(pool, job_id) if job_id is not None else None
+        if job is None:
+            raise NotFound(f"there is no job {raw[:40]!r}", code="job_not_found")
+        return JSONResponse(job)
+
+    async def list_quarantine(request: Request) -> Response:
+        await edge.operator(request)
+        _only_query(request, "inbox", "since", "limit")
+        q = request.query_params
+        rows = await ops_store.quarantine(
+            pool,
+            inbox=_choice(request, "inbox", INBOXES),
+            since=_since(q["since"]) if "since" in q else None,
+            limit=_limit(request),
+        )
+        return JSONResponse({"quarantine": rows})
+
+    async def list_endpoints(request: Request) -> Response:
+        await edge.operator(request)
+        _only_query(request, "state", "breaker", "tenant_id", "limit")
+        raw_tenant = request.query_params.get("tenant_id")
+        tenant_id = _uuid(raw_tenant) if raw_tenant is not None else None
+        if raw_tenant is not None and tenant_id is None:
+            raise ApiError("tenant_id must be a UUID", code="invalid_query")
+        rows = await ops_store.endpoints(
+            pool,
+            state=_choice(request, "state", ENDPOINT_STATES),
+            breaker=_choice(request, "breaker", ("open", "closed")),
+            tenant_id=tenant_id,
+            limit=_limit(request),
+        )
+        return JSONResponse({"endpoints": rows})
+
+    async def limiter_pools(request: Request) -> Response:
+        await edge.operator(request)
+        _only_query(request)
+        try:
+            pools = await ops_store.limiter_pools(limiter_client)
+        except LimiterUnauthenticated:
+            raise Unavailable(
+                "the limiter refused this process's token (FATURA_LIMITER_TOKEN): a configuration "
+                "error on the edge, not an outage",
+                code="limiter_unauthenticated",
+            ) from None
+        except LimiterError as exc:
+            log.warning("limiter pool status unavailable: %s", exc)
+            raise Unavailable(
+                "the limiter is not answering; retry after 5 seconds",
+                code="limiter_unavailable",
+                headers={"Retry-After": "5"},
+            ) from None
+        return JSONResponse({"pools": pools})
+
     return [
+        Route("/v1/ops/jobs/{job_id}", get_job, methods=["GET"], name="ops_get_job"),
+        Route("/v1/ops/quarantine", list_quarantine, methods=["GET"], name="ops_list_quarantine"),
+        Route("/v1/ops/endpoints", list_endpoints, methods=["GET"], name="ops_list_endpoints"),
+        Route("/v1/ops/limiter/pools", limiter_pools, methods=["GET"], name="ops_limiter_pools"),
         Route("/v1/ops/dead-letters", list_dead_letters, methods=["GET"], name="ops_list_dead_letters"),
         Route("/v1/ops/dead-letters:redrive", redrive, methods=["POST"], name="ops_redrive_dead_letters"),
         Route(

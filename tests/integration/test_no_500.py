@@ -130,6 +130,8 @@ def test_any_list_query_is_a_typed_answer(
         ("/v1/extraction-jobs", {"cursor": cursor}),
         ("/v1/deliveries", {"job_id": state or limit}),
         ("/v1/ops/dead-letters", {"limit": limit, "since": state, "reason": cursor}),
+        ("/v1/ops/quarantine", {"limit": limit, "since": state, "inbox": cursor}),
+        ("/v1/ops/endpoints", {"limit": limit, "state": state, "breaker": cursor, "tenant_id": state}),
     ):
         _assert_typed(client.get(path, params=params, headers=_headers(path, tenant, operator_key)))
 

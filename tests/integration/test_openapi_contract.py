@@ -116,6 +116,10 @@ def test_the_document_describes_the_routes_the_server_has(edge: ServiceProcess) 
         "/v1/ops/dead-letters",
         "/v1/ops/dead-letters/{dead_letter_id}",
         "/v1/ops/dead-letters:redrive",
+        "/v1/ops/jobs/{job_id}",
+        "/v1/ops/quarantine",
+        "/v1/ops/endpoints",
+        "/v1/ops/limiter/pools",
         "/healthz",
         "/readyz",
     }
