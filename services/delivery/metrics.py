@@ -21,6 +21,9 @@ POST_SECONDS = Histogram(
 LEASES_EXPIRED = Counter("fatura_delivery_leases_expired_total", "Claims of dead senders taken back")
 WAKEUPS = Counter("fatura_delivery_wakeups_total", "Wake-ups sent by the scheduler")
 PENDING = Gauge("fatura_delivery_pending", "Deliveries waiting to be sent")
+# What KEDA scales the delivery workers on (deploy/k8s): pending deliveries whose time has come, not
+# those waiting out a retry delay.
+DUE = Gauge("fatura_delivery_due", "Pending deliveries whose next attempt is due now")
 OLDEST_DUE_AGE = Gauge("fatura_delivery_oldest_due_age_seconds", "Age of the oldest due delivery")
 UNACKNOWLEDGED = Gauge(
     "fatura_deliveries_unacknowledged",

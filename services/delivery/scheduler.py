@@ -61,6 +61,7 @@ def tick(pool: Any, broker: QuorumRabbitmqBroker, settings: DeliverySettings) ->
         backlog = conn.execute(Q["backlog"]).fetchone()
     if backlog is not None:
         metrics.PENDING.set(backlog["pending"])
+        metrics.DUE.set(backlog["due"])
         metrics.OLDEST_DUE_AGE.set(backlog["oldest_due_age_seconds"])
     return len(due)
 

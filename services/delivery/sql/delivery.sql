@@ -171,6 +171,7 @@ RETURNING d.delivery_id, due.woken_at IS NOT NULL AS rewoken
 
 -- name: backlog
 SELECT count(*) FILTER (WHERE state = 'pending') AS pending,
+       count(*) FILTER (WHERE state = 'pending' AND next_attempt_at <= now()) AS due,
        count(*) FILTER (WHERE state = 'delivering') AS delivering,
        coalesce(extract(epoch FROM now() - min(next_attempt_at) FILTER (
            WHERE state = 'pending' AND next_attempt_at <= now())), 0)::float8 AS oldest_due_age_seconds
