@@ -32,7 +32,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from services.common import events, states
+from services.common import events, sli, states
 from services.common.api.auth import Principal
 from services.common.api.cursor import decode_cursor, encode_cursor
 from services.common.api.errors import Conflict, NotFound, Unprocessable
@@ -208,6 +208,8 @@ class Reviews:
             if version is None:
                 await uow.execute(Q["review_job_event"], {"job_id": task["job_id"], "detail": Jsonb(detail)})
         metrics.DECISIONS.labels(task["kind"], action).inc()
+        if task["kind"] == "validation":
+            sli.observe_review(job["priority"], action, job["since_accepted"])
         return await self.get(tenant_id, review_id)
 
     async def _decide_validation(

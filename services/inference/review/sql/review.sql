@@ -62,7 +62,8 @@ VALUES (%(review_id)s, %(tenant_id)s, %(actor)s, %(action)s, %(fence)s, %(detail
 
 -- name: job_for_decision
 SELECT j.id, j.state, j.state_version, j.result, j.tenant_id, d.text AS document_text,
-       t.allowed_currencies
+       t.allowed_currencies, j.priority,
+       extract(epoch FROM now() - j.created_at)::float8 AS since_accepted
 FROM extraction_jobs j
 JOIN documents d ON d.tenant_id = j.tenant_id AND d.id = j.document_id AND d.version = j.document_version
 JOIN tenants t ON t.id = j.tenant_id
