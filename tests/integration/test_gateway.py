@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 
 from fix_processes import ServiceProcess, SpawnFn
 from services.common.procs import free_port
@@ -243,6 +244,33 @@ def _wait_until_channel_tried(gateway: Gateway, sim: Sim) -> None:
             return
         threading.Event().wait(0.1)
     raise AssertionError("the open channel was never tried again")
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_an_answer_counts_its_tokens_and_its_time_to_first_token_per_channel(
+    tmp_path: Path, ch1: Sim, ch2: Sim
+) -> None:
+    gateway = gateway_for(tmp_path, ch1.url, ch2.url)
+    ttft_before = _sample("fatura_provider_time_to_first_token_seconds_count", channel="ch1")
+    input_before = _sample("fatura_provider_tokens_total", channel="ch1", kind="input")
+    output_before = _sample("fatura_provider_tokens_total", channel="ch1", kind="output")
+    # When channel 1 streams an answer
+    result = call(gateway)
+    (hop,) = result.hops
+    assert result.ok and hop.channel == "ch1" and hop.input_tokens and hop.output_tokens
+    # Then its time to first token is observed once and the tokens it reported are counted
+    assert _sample("fatura_provider_time_to_first_token_seconds_count", channel="ch1") == ttft_before + 1
+    assert (
+        _sample("fatura_provider_tokens_total", channel="ch1", kind="input")
+        == input_before + hop.input_tokens
+    )
+    assert (
+        _sample("fatura_provider_tokens_total", channel="ch1", kind="output")
+        == output_before + hop.output_tokens
+    )
 
 
 def test_a_400_is_final_and_not_failed_over(tmp_path: Path, ch1: Sim, ch2: Sim) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
@@ -46,6 +46,8 @@ class HopOutcome:
     # No response headers came back before the header timeout or the deadline: the channel was
     # silent for the whole wait, which counts against its breaker even when the deadline ended it.
     silent: bool = False
+    # When the first content frame of a stream arrived (time.monotonic()): time to first token.
+    first_token_at: float | None = None
 
 
 def request_body(channel: Channel, request: ProviderRequest) -> dict[str, object]:
@@ -154,6 +156,14 @@ def _read(response: httpx.Response, deadline: float, settings: GatewaySettings) 
 
 
 def _read_stream(response: httpx.Response, deadline: float, settings: GatewaySettings) -> HopOutcome:
+    first_token: list[float] = []
+    outcome = _read_frames(response, deadline, settings, first_token)
+    return replace(outcome, first_token_at=first_token[0]) if first_token else outcome
+
+
+def _read_frames(
+    response: httpx.Response, deadline: float, settings: GatewaySettings, first_token: list[float]
+) -> HopOutcome:
     status = response.status_code
     opened = time.monotonic()
     committed = False
@@ -169,6 +179,8 @@ def _read_stream(response: httpx.Response, deadline: float, settings: GatewaySet
         now = time.monotonic()
         if not committed and now - opened >= settings.stream_gate_s:
             committed = True  # nothing decisive within the gate: a slow model is not a broken one
+        if frame is Frame.CONTENT and not first_token:
+            first_token.append(now)
         if frame is not None:
             outcome = _step(completion, frame, status, committed)
             if outcome is not None:

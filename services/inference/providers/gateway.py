@@ -38,6 +38,17 @@ from services.inference.providers.watchdog import Watchdog
 log = logging.getLogger(__name__)
 
 HOPS = Counter("fatura_provider_hops_total", "Hops to provider channels by outcome", ["channel", "outcome"])
+TIME_TO_FIRST_TOKEN = Histogram(
+    "fatura_provider_time_to_first_token_seconds",
+    "From sending a streamed request to its first content frame, by channel",
+    ["channel"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 45),
+)
+TOKENS = Counter(
+    "fatura_provider_tokens_total",
+    "Tokens the provider reported, by channel and kind (input, output)",
+    ["channel", "kind"],
+)
 HOP_SECONDS = Histogram(
     "fatura_provider_hop_seconds",
     "Duration of hops that sent a request",
@@ -137,7 +148,7 @@ class Gateway:
         deadline: float,
         trial: bool,
     ) -> tuple[HopOutcome, Hop]:
-        started_at, t0 = datetime.now(UTC), time.perf_counter()
+        started_at, t0, sent_at = datetime.now(UTC), time.perf_counter(), time.monotonic()
         outcome = exchange(
             self._client, channel, request, deadline=deadline, settings=self.settings, watchdog=self._watchdog
         )
@@ -161,6 +172,12 @@ class Gateway:
         HOPS.labels(channel.name, label).inc()
         if outcome.sent:
             HOP_SECONDS.labels(channel.name).observe(elapsed)
+        if outcome.first_token_at is not None:
+            TIME_TO_FIRST_TOKEN.labels(channel.name).observe(max(0.0, outcome.first_token_at - sent_at))
+        if outcome.input_tokens:
+            TOKENS.labels(channel.name, "input").inc(outcome.input_tokens)
+        if outcome.output_tokens:
+            TOKENS.labels(channel.name, "output").inc(outcome.output_tokens)
         if error is not None:
             log.info(
                 "hop %s %s: %s %s %s",
