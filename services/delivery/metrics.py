@@ -30,3 +30,9 @@ UNACKNOWLEDGED = Gauge(
     "Deliveries received longer ago than FATURA_ERP_ACK_WINDOW_SECONDS and not acknowledged by the ERP "
     "(counted up to 10000 by the delivery scheduler)",
 )
+ENDPOINTS = Gauge(
+    "fatura_delivery_endpoints",
+    "Webhook endpoints by breaker state (closed, open, disabled); per-endpoint health is in the "
+    "operator API, never a label",
+    ["state"],
+)

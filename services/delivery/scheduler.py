@@ -96,7 +96,18 @@ class Sweeps:
         }
         deadletters.refresh_metrics(self._pool, self._queues)
         refresh_unacknowledged(self._pool, self._settings)
+        refresh_endpoint_states(self._pool)
         return done
+
+
+def refresh_endpoint_states(pool: Any) -> dict[str, int]:
+    """Set the gauge of endpoints per breaker state; returns the counts."""
+    with pool.connection() as conn:
+        row = conn.execute(Q["endpoint_states"]).fetchone()
+    counts = {state: int(row[state]) if row is not None else 0 for state in ("closed", "open", "disabled")}
+    for state, count in counts.items():
+        metrics.ENDPOINTS.labels(state).set(count)
+    return counts
 
 
 def refresh_unacknowledged(pool: Any, settings: DeliverySettings) -> int:

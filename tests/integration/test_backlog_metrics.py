@@ -1,5 +1,6 @@
-"""The runnable backlog and oldest eligible age per priority are exact (never capped at the wake-up
-target) and cheap: one index-only scan per priority, measured on 12,000 eligible jobs."""
+"""Metrics that count exactly: the runnable backlog and oldest eligible age per priority (never capped
+at the wake-up target, one index-only scan per priority, measured on 12,000 eligible jobs) and the
+webhook endpoints per breaker state."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from services.common.broker import make_broker
 from services.common.db import SyncPool, sync_pool
 from services.common.migrate import migrate
 from services.common.settings import CommonSettings
+from services.delivery.scheduler import refresh_endpoint_states
 from services.inference.scheduler import Q, Scheduler
 from services.inference.settings import InferenceSettings
 
@@ -119,3 +121,27 @@ def test_backlog_gauges_read_zero_when_nothing_is_due(scratch: tuple[str, SyncPo
     assert scheduler.measure_backlog() == {"interactive": 0, "batch": 0}
     assert _sample("fatura_scheduler_eligible_jobs", "interactive") == 0
     assert _sample("fatura_scheduler_oldest_eligible_age_seconds", "batch") == 0
+
+
+def test_endpoint_breaker_states_are_counted_per_state_never_per_endpoint(
+    scratch: tuple[str, SyncPool],
+) -> None:
+    _url, pool = scratch
+    tenant, _ = create_tenant(pool, TenantSpec(name="endpoints"))
+    # Given three healthy endpoints, two whose breaker is open and one disabled
+    rows = [("enabled", None)] * 3 + [("enabled", "+1 minute")] * 2 + [("disabled", None)]
+    with pool.connection() as conn:
+        for state, open_for in rows:
+            conn.execute(
+                "INSERT INTO webhook_endpoints (id, tenant_id, url, event_types, state, breaker_open_until)"
+                " VALUES (gen_random_uuid(), %s, 'https://erp.example/hook',"
+                " ARRAY['extraction.completed.v1'],"
+                " %s, now() + %s::interval)",
+                (tenant, state, open_for),
+            )
+    # When the delivery scheduler refreshes its gauges
+    counts = refresh_endpoint_states(pool)
+    # Then each state has its count and no series names an endpoint
+    assert counts == {"closed": 3, "open": 2, "disabled": 1}
+    for state, count in counts.items():
+        assert REGISTRY.get_sample_value("fatura_delivery_endpoints", {"state": state}) == count

@@ -198,3 +198,12 @@ FROM extraction_batches b
 LEFT JOIN batch_counters c ON c.batch_id = b.id
 WHERE b.id = %(batch_id)s
 GROUP BY b.id
+
+-- name: endpoint_states
+-- How many endpoints are in each breaker state, across tenants: a bounded series per state where
+-- a label per endpoint would be unbounded (the operator API lists each endpoint's health).
+SELECT count(*) FILTER (WHERE state = 'disabled') AS disabled,
+       count(*) FILTER (WHERE state = 'enabled' AND breaker_open_until > now()) AS open,
+       count(*) FILTER (WHERE state = 'enabled' AND (breaker_open_until IS NULL
+                                                     OR breaker_open_until <= now())) AS closed
+FROM webhook_endpoints
