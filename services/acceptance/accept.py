@@ -28,7 +28,7 @@ from services.acceptance.idempotency import request_hash
 from services.acceptance.queries import Q
 from services.acceptance.requests import CreateJob, DocumentBody
 from services.acceptance.settings import AcceptanceSettings
-from services.common import events, states
+from services.common import events, states, tracing
 from services.common.api.errors import ApiError, Conflict, Unprocessable
 from services.common.api.tenancy import Tenant
 from services.common.ids import new_id
@@ -264,6 +264,7 @@ def write_params(
         state=states.READY,
         state_version=1,
         event_type=events.EXTRACTION_REQUESTED,
+        traceparent=tracing.current_traceparent(),
     )
     inline = request.document if isinstance(request.document, DocumentBody) else None
     return {

@@ -32,7 +32,7 @@ from services.acceptance.batches import close_finished_batches
 from services.acceptance.documents import prune_documents
 from services.acceptance.retention import prune_job_events
 from services.acceptance.settings import EventSettings, RelaySettings
-from services.common import faults, readiness
+from services.common import faults, readiness, tracing
 from services.common.broker import QuorumRabbitmqBroker, event_message, make_broker
 from services.common.db import connect, sync_pool
 from services.common.events import ROUTES, queue_name
@@ -107,11 +107,20 @@ class Relay:
                 # instead of on every sweep.
                 continue
             try:
-                for route in routes:
-                    queue = queue_name(s.common.queue_prefix, route)
-                    self.broker.enqueue(
-                        event_message(queue, route.actor, row["payload"], str(row["event_id"]))
-                    )
+                with tracing.span(
+                    f"publish {row['event_type']}",
+                    tracing.valid(row["payload"].get(tracing.TRACEPARENT)),
+                    {
+                        "messaging.message.id": str(row["event_id"]),
+                        "job_id": str(row["payload"].get("job_id")),
+                    },
+                    kind=tracing.SpanKind.PRODUCER,
+                ):
+                    for route in routes:
+                        queue = queue_name(s.common.queue_prefix, route)
+                        self.broker.enqueue(
+                            event_message(queue, route.actor, row["payload"], str(row["event_id"]))
+                        )
             except BrokerConnectionError as exc:
                 PUBLISH_FAILURES.inc()
                 log.warning(

@@ -116,9 +116,10 @@ def valid(traceparent: object) -> str | None:
 
 def current_traceparent() -> str | None:
     """The ``traceparent`` naming the current span, for a row, a message or a request header."""
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier)
-    return carrier.get(TRACEPARENT)
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return None
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
 
 
 def parent_context(traceparent: str | None) -> otel_context.Context | None:

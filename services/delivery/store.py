@@ -128,6 +128,7 @@ def _insert_deliveries(conn: Connection[DictRow], event: EventMessage, body: byt
                 "body": body,
                 "state": "pending" if enabled else "failed",
                 "reason": None if enabled else "endpoint_disabled: created while the endpoint was disabled",
+                "traceparent": event.traceparent,
             },
         ).fetchone()
         if created is not None and created["state"] == "pending":
@@ -148,6 +149,8 @@ class Claim:
     round_attempt: int  # attempts since the last resend (for the retry schedule)
     started_at: datetime
     endpoint_dirty: bool  # the endpoint has failure counters, an open breaker or no verification
+    # The trace of the job whose event this delivers (services/common/tracing.py); None untraced.
+    traceparent: str | None = None
 
 
 def claim(pool: ConnectionPool[Any], delivery_id: uuid.UUID, settings: DeliverySettings) -> Claim | None:
@@ -219,6 +222,7 @@ def claim(pool: ConnectionPool[Any], delivery_id: uuid.UUID, settings: DeliveryS
             round_attempt=int(c["attempts"]) - int(c["attempts_base"]),
             started_at=c["started_at"],
             endpoint_dirty=bool(row["endpoint_dirty"]),
+            traceparent=row["traceparent"],
         )
 
 

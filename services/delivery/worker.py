@@ -20,11 +20,11 @@ from typing import Any
 import dramatiq
 from dramatiq.errors import BrokerConnectionError
 
-from services.common import deadletters, events, faults, readiness
+from services.common import deadletters, events, faults, logs, readiness, tracing
 from services.common.broker import QuorumRabbitmqBroker, make_broker
 from services.common.db import SyncPool, sync_pool
 from services.common.failures import is_transient
-from services.common.messages import BadMessage, parse_event
+from services.common.messages import BadMessage, EventMessage, parse_event
 from services.common.worker import run_worker, stop_on_signals
 from services.delivery import metrics, outcomes, signing, store
 from services.delivery.egress import EgressGuard
@@ -76,6 +76,18 @@ class DeliveryWorker:
 
     def ingest(self, event: Any = None) -> None:
         message = parse_event(event, events.event_types_for(events.DELIVERY_INGEST))
+        with (
+            tracing.span(
+                f"ingest {message.event_type}",
+                message.traceparent,
+                {"messaging.message.id": str(message.event_id), "job_id": str(message.job_id)},
+                kind=tracing.SpanKind.CONSUMER,
+            ),
+            logs.bound(job_id=message.job_id, tenant_id=message.tenant_id),
+        ):
+            self._ingest(message)
+
+    def _ingest(self, message: EventMessage) -> None:
         woken = store.ingest(self.pool, message)
         try:
             for delivery_id in woken:
@@ -98,13 +110,30 @@ class DeliveryWorker:
         if claim is None:
             return False
         msg_id = str(claim.delivery_id)
-        headers = signing.headers(claim.secrets, msg_id, int(time.time()), claim.body)
-        result = self.sender.post(claim.url, headers, claim.body)
-        metrics.POST_SECONDS.observe(result.latency_ms / 1000)
-        faults.point(s.common.faults, faults.CRASH_AFTER_WEBHOOK_POST)
-        decision = outcomes.decide(result, claim.round_attempt, scale=s.retry_scale)
-        self._record(claim, result, decision)
-        log.info("delivery %s attempt %d: %s (%s)", msg_id, claim.attempt, decision.state, decision.reason)
+        attributes: dict[str, str | int] = {"delivery_id": msg_id, "attempt": claim.attempt}
+        attributes["fence"] = claim.fence
+        with (
+            tracing.span(
+                "webhook attempt", claim.traceparent, attributes, kind=tracing.SpanKind.CLIENT
+            ) as span,
+            logs.bound(delivery_id=msg_id, attempt=claim.attempt, fence=claim.fence),
+        ):
+            headers = signing.headers(claim.secrets, msg_id, int(time.time()), claim.body)
+            traceparent = tracing.current_traceparent()
+            if traceparent is not None:
+                # The receiver may continue the trace; the signature covers the body, not this.
+                headers[tracing.TRACEPARENT] = traceparent
+            result = self.sender.post(claim.url, headers, claim.body)
+            metrics.POST_SECONDS.observe(result.latency_ms / 1000)
+            faults.point(s.common.faults, faults.CRASH_AFTER_WEBHOOK_POST)
+            decision = outcomes.decide(result, claim.round_attempt, scale=s.retry_scale)
+            if result.status is not None:
+                span.set_attribute("http.response.status_code", result.status)
+            span.set_attribute("delivery.outcome", decision.state)
+            self._record(claim, result, decision)
+            log.info(
+                "delivery %s attempt %d: %s (%s)", msg_id, claim.attempt, decision.state, decision.reason
+            )
         return True
 
     def _record(self, claim: store.Claim, result: AttemptResult, decision: Decision) -> None:

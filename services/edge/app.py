@@ -28,7 +28,7 @@ from services.acceptance.feed import EventFeed
 from services.acceptance.routes import acceptance_routes
 from services.acceptance.settings import AcceptanceSettings, EventSettings
 from services.acceptance.sse import event_routes
-from services.common import readiness
+from services.common import logs, readiness, tracing
 from services.common.api.auth import Authenticator
 from services.common.api.body import JsonBody
 from services.common.api.context import ApiContext, json_response
@@ -42,6 +42,7 @@ from services.delivery.settings import DeliverySettings
 from services.edge import metrics, openapi
 from services.edge.ops import ops_routes
 from services.edge.review_page import review_page_routes
+from services.edge.tracing import TraceMiddleware
 from services.inference.review.api import review_routes
 
 log = logging.getLogger(__name__)
@@ -174,10 +175,16 @@ def create_app(settings: AcceptanceSettings) -> Starlette:
     }
     app = Starlette(routes=build_routes(edge), lifespan=lifespan, exception_handlers=handlers)
     app.add_middleware(MetricsMiddleware)
+    app.add_middleware(TraceMiddleware)
     app.state.edge = edge
     return app
 
 
 def create_app_from_env() -> Starlette:
     """The factory uvicorn calls in each worker process."""
-    return create_app(AcceptanceSettings.from_env())
+    settings = AcceptanceSettings.from_env()
+    # A worker started by uvicorn's supervisor is a fresh interpreter: set it up like its parent.
+    if not logging.getLogger().handlers:
+        logs.setup(settings.common.log_level, settings.common.log_format)
+    tracing.setup("http", trace_file=settings.common.trace_file)
+    return create_app(settings)

@@ -23,7 +23,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from services.common import events, sli, states
+from services.common import events, sli, states, tracing
 from services.common.ids import new_id
 from services.common.queries import load_queries
 from services.common.uow import JobChange, UnitOfWork, unit_of_work
@@ -61,6 +61,8 @@ class ClaimedJob:
     deadline_at: datetime
     schema_version: str
     priority: str
+    # The trace the job's accepting request started (services/common/tracing.py); None untraced.
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,17 @@ class Claims:
                 head = self._head(uow, tenant_id)
                 if head is None:
                     continue  # its due jobs are being claimed by other slots right now
-                decision = acquire(tenant_id, int(head["estimated_tokens"]))
+                with tracing.span(
+                    "limiter acquire",
+                    tracing.valid(head["traceparent"]),
+                    {"job_id": str(head["id"]), "tenant_id": str(tenant_id)},
+                    kind=tracing.SpanKind.CLIENT,
+                ) as span:
+                    decision = acquire(tenant_id, int(head["estimated_tokens"]))
+                    span.set_attribute(
+                        "limiter.decision",
+                        "granted" if isinstance(decision, Grant) else decision.reason.value,
+                    )
                 if isinstance(decision, Denial):
                     seconds = decision.retry_after_ms / 1000
                     uow.execute(Q["defer_job"], {"job_id": head["id"], "seconds": seconds})
@@ -184,6 +196,7 @@ class Claims:
             deadline_at=row["deadline_at"],
             schema_version=row["schema_version"],
             priority=row["priority"],
+            traceparent=tracing.valid(row["traceparent"]),
         )
 
     def complete(self, job: ClaimedJob, completion: Completion) -> bool:
@@ -215,6 +228,8 @@ class Claims:
                     row["state_version"],
                     EVENT_FOR_STATE[completion.state],
                     detail,
+                    # Consumers continue from the attempt's span when it is current.
+                    traceparent=tracing.current_traceparent() or job.traceparent,
                 )
                 uow.record(change)
                 if completion.state == states.REVIEW_REQUIRED:

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from psycopg_pool import ConnectionPool
 
-from services.common import faults
+from services.common import faults, logs, tracing
 from services.common.failures import is_transient
 from services.common.queries import load_queries
 from services.inference import metrics
@@ -152,6 +152,16 @@ class Executor:
 
     def _run(self, started: Started) -> None:
         job = started.job
+        attributes: dict[str, str | int] = {"job_id": str(job.job_id), "attempt": job.attempt}
+        attributes["fence"] = job.fence
+        with (
+            tracing.span("inference attempt", job.traceparent, attributes),
+            logs.bound(job_id=job.job_id, tenant_id=job.tenant_id, attempt=job.attempt, fence=job.fence),
+        ):
+            self._run_owned(started)
+
+    def _run_owned(self, started: Started) -> None:
+        job = started.job
         permits = AttemptPermits(
             self._limiter,
             tenant=str(job.tenant_id),
@@ -183,8 +193,13 @@ class Executor:
             except Exception as exc:  # a bug in the call path must not lose the job: retry it
                 log.exception("job %s: provider call failed unexpectedly", job.job_id)
                 result = ProviderResult(None, error_class=None, error_message=f"{WORKER_ERROR}: {exc}"[:500])
+            _trace_hops(result)
             faults.point(self._s.common.faults, faults.CRASH_AFTER_PROVIDER_RESPONSE)
-            verdict = validate(result.content, context) if result.content is not None else None
+            verdict = None
+            if result.content is not None:
+                with tracing.span("validation") as span:
+                    verdict = validate(result.content, context)
+                    span.set_attribute("validation.outcome", str(verdict.outcome))
             completion = decide(job, result, verdict, datetime.now(UTC), self._policy)
             self._complete(job, completion)
             metrics.ATTEMPTS.labels(completion.state).inc()
@@ -250,3 +265,23 @@ class Executor:
             for job_id, o in owned.items():
                 if job_id not in lost:
                     o.permits.renew()
+
+
+def _trace_hops(result: ProviderResult) -> None:
+    """One span per exchange with a provider channel, timed by the gateway, under the attempt's."""
+    for hop in result.hops:
+        attributes: dict[str, str | int] = {
+            "channel": hop.channel,
+            "model": hop.model,
+            "outcome": hop.outcome,
+        }
+        for key, value in (
+            ("http.response.status_code", hop.http_status),
+            ("gen_ai.usage.input_tokens", hop.input_tokens),
+            ("gen_ai.usage.output_tokens", hop.output_tokens),
+        ):
+            if value is not None:
+                attributes[key] = value
+        tracing.record_span(
+            f"provider {hop.channel}", hop.started_at, hop.ended_at, attributes, error=hop.outcome != "ok"
+        )

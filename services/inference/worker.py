@@ -18,10 +18,10 @@ from typing import Any
 import dramatiq
 from pika.exceptions import AMQPError
 
-from services.common import deadletters, events, faults, inbox, readiness
+from services.common import deadletters, events, faults, inbox, logs, readiness, tracing
 from services.common.broker import QuorumRabbitmqBroker, install, make_broker
 from services.common.db import sync_pool
-from services.common.messages import BadMessage, parse_event
+from services.common.messages import BadMessage, EventMessage, parse_event
 from services.common.worker import run_worker, stop_on_signals
 from services.inference.executor import Executor
 from services.inference.providers.base import Provider
@@ -57,6 +57,18 @@ def declare_actors(
         if unexpected:
             raise BadMessage("malformed", f"unexpected arguments {sorted(unexpected)}")
         parsed = parse_event(event, INGEST_TYPES)
+        with (
+            tracing.span(
+                f"ingest {parsed.event_type}",
+                parsed.traceparent,
+                {"job_id": str(parsed.job_id), "messaging.message.id": str(parsed.event_id)},
+                kind=tracing.SpanKind.CONSUMER,
+            ),
+            logs.bound(job_id=parsed.job_id, tenant_id=parsed.tenant_id),
+        ):
+            _ingest(parsed)
+
+    def _ingest(parsed: EventMessage) -> None:
         with pool.connection() as conn, conn.transaction():
             received = inbox.take(conn, inbox.EXECUTION, parsed)
         faults.point(settings.common.faults, faults.CRASH_AFTER_INBOX_COMMIT)

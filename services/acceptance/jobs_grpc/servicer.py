@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import nullcontext
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -20,7 +21,7 @@ from services.acceptance.jobs import JobService
 from services.acceptance.jobs_grpc import messages, metrics, status
 from services.acceptance.jobs_grpc.watch import Watcher
 from services.acceptance.requests import RequestParser
-from services.common import failures
+from services.common import failures, tracing
 from services.common.api.auth import Authenticator
 from services.common.api.errors import ApiError, Unauthorized, Unavailable
 from services.common.api.tenancy import Tenant
@@ -75,6 +76,14 @@ def authorization(context: Any) -> str | None:
     return str(values[0]) if values else None
 
 
+def _metadata(context: Any, key: str) -> str | None:
+    """The call's first metadata value under ``key`` (None when absent)."""
+    for name, value in context.invocation_metadata() or ():
+        if name == key:
+            return str(value)
+    return None
+
+
 def peer_host(peer: str | None) -> str | None:
     """The caller's address in a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``)."""
     if not peer:
@@ -112,10 +121,18 @@ class JobServicer(pb_grpc.JobServiceServicer):
 
     async def _handle(self, method: str, context: Any, call: Callable[[], Awaitable[R]]) -> R:
         started = time.perf_counter()
-        try:
-            result = await call()
-        except Exception as exc:
-            await _refuse(method, context, exc, started)
+        incoming = tracing.valid(_metadata(context, tracing.TRACEPARENT))
+        # A job accepted inside the span records the caller's trace (services/common/tracing.py).
+        traced = incoming is not None or tracing.enabled()
+        with (
+            tracing.span(f"JobService/{method}", incoming, kind=tracing.SpanKind.SERVER)
+            if traced
+            else nullcontext()
+        ):
+            try:
+                result = await call()
+            except Exception as exc:
+                await _refuse(method, context, exc, started)
         metrics.RPC_SECONDS.labels(method, grpc.StatusCode.OK.name).observe(time.perf_counter() - started)
         return result
 

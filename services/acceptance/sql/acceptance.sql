@@ -53,13 +53,13 @@ WITH job AS (
     INSERT INTO extraction_jobs (
         id, tenant_id, idempotency_key, request_hash, document_id, document_version, object_version,
         doc_bytes, estimated_tokens, schema_version, policy_version, model_policy, options, priority,
-        state, state_version, deadline_at, batch_id, batch_index)
+        state, state_version, deadline_at, batch_id, batch_index, traceparent)
     VALUES (
         %(job_id)s, %(tenant_id)s, %(idempotency_key)s, %(request_hash)s, %(document_id)s,
         %(document_version)s, %(sha256)s, %(size_bytes)s, %(estimated_tokens)s,
         %(schema_version)s, %(policy_version)s, %(model_policy)s, %(options)s, %(priority)s,
         %(state)s, %(state_version)s, now() + make_interval(secs => %(deadline_seconds)s),
-        %(batch_id)s, %(batch_index)s)
+        %(batch_id)s, %(batch_index)s, %(traceparent)s)
     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
     RETURNING id, state, state_version, request_hash, priority, created_at
 ), document AS (

@@ -20,9 +20,9 @@ ORDER BY created_at
 -- name: insert_delivery
 -- A delivery to a disabled endpoint is created already failed, so `:recover` can send it later.
 INSERT INTO deliveries (delivery_id, event_id, event_type, endpoint_id, tenant_id, job_id, body,
-                        state, reason, woken_at)
+                        state, reason, woken_at, traceparent)
 VALUES (%(delivery_id)s, %(event_id)s, %(event_type)s, %(endpoint_id)s, %(tenant_id)s, %(job_id)s,
-        %(body)s, %(state)s, %(reason)s, now())
+        %(body)s, %(state)s, %(reason)s, now(), %(traceparent)s)
 ON CONFLICT (delivery_id) DO NOTHING
 RETURNING delivery_id, state
 
@@ -36,7 +36,7 @@ FOR UPDATE
 
 -- name: claim_context
 -- Read under the endpoint's lock, with a fresh snapshot: the in-flight count is exact.
-SELECT d.state, d.body, d.next_attempt_at <= now() AS due,
+SELECT d.state, d.body, d.next_attempt_at <= now() AS due, d.traceparent,
        e.id AS endpoint_id, e.url, e.state AS endpoint_state, e.max_concurrency, e.breaker_open_until,
        coalesce(e.breaker_open_until > now(), false) AS breaker_open,
        (e.consecutive_failures <> 0 OR e.consecutive_auth_failures <> 0 OR e.verified_at IS NULL

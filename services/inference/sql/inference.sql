@@ -26,7 +26,7 @@ FROM t JOIN tenants tn ON tn.id = t.tenant_id
 WHERE t.tenant_id IS NOT NULL
 
 -- name: head_job
-SELECT id, available_at, estimated_tokens FROM extraction_jobs
+SELECT id, available_at, estimated_tokens, traceparent FROM extraction_jobs
 WHERE tenant_id = %(tenant_id)s AND priority = %(priority)s
   AND state IN ('READY', 'RETRY_SCHEDULED') AND available_at <= now()
 ORDER BY available_at
@@ -40,7 +40,7 @@ SET state = 'RUNNING', state_version = state_version + 1, attempt = attempt + 1,
     model = %(model)s, updated_at = now()
 WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED')
 RETURNING id, tenant_id, state, state_version, attempt, fence, lease_until, document_id,
-          document_version, estimated_tokens, deadline_at, schema_version, priority
+          document_version, estimated_tokens, deadline_at, schema_version, priority, traceparent
 
 -- name: defer_job
 UPDATE extraction_jobs
