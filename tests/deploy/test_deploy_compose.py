@@ -42,6 +42,19 @@ def test_every_process_and_dependency_runs_with_a_health_check() -> None:
     assert services["migrate"]["command"] == ["migrate"]
 
 
+def test_every_dependency_and_volume_a_service_names_is_declared() -> None:
+    compose = _compose()
+    services, volumes = compose["services"], set(compose.get("volumes", {}))
+    for name, service in services.items():
+        for dependency, condition in service.get("depends_on", {}).items():
+            assert dependency in services, f"{name} depends on an unknown service {dependency}"
+            expected = "service_completed_successfully" if dependency == "migrate" else "service_healthy"
+            assert condition == {"condition": expected}, f"{name} -> {dependency}"
+        for mount in service.get("volumes", []):
+            source = mount.split(":")[0]
+            assert source.startswith((".", "/")) or source in volumes, f"{name}: volume {source} undeclared"
+
+
 def test_each_health_check_asks_the_port_the_process_answers_readyz_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
