@@ -7,9 +7,13 @@ import io
 import json
 import logging
 import secrets
+import subprocess
+import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -154,3 +158,41 @@ def test_auto_is_text_on_a_terminal_and_json_otherwise() -> None:
     assert CommonSettings.from_env({"FATURA_LOG_FORMAT": "JSON"}).log_format == "json"
     with pytest.raises(SettingsError, match="FATURA_LOG_FORMAT"):
         CommonSettings.from_env({"FATURA_LOG_FORMAT": "xml"})
+
+
+def test_the_standard_otel_variables_send_spans_to_an_otlp_collector() -> None:
+    # Given a collector that keeps what is POSTed to it
+    posts: list[tuple[str, bytes]] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            posts.append((self.path, self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        # When a process set up by OTEL_TRACES_EXPORTER=otlp records a span and exits
+        script = (
+            "from services.common import tracing\n"
+            "assert tracing.setup('probe')\n"
+            "with tracing.span('probe span'):\n"
+            "    pass\n"
+            "tracing.shutdown()\n"
+        )
+        env = {
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_port}",
+            "PATH": "/usr/bin:/bin",
+        }
+        subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=30)
+    finally:
+        server.shutdown()
+        server.server_close()
+    # Then the collector received it at the OTLP/HTTP traces path
+    assert [path for path, _ in posts] == ["/v1/traces"]
+    assert b"probe span" in posts[0][1] and b"fatura-probe" in posts[0][1]
