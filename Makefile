@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lock demo test lint browser proto up migrate bench clean
+.PHONY: install lock demo test lint browser promtool proto up migrate bench clean
 
 # Every package at the version requirements.lock names (pyproject.toml and its dev extra, resolved
 # by `make lock`), then the project itself without resolving anything again.
@@ -27,7 +27,7 @@ lock: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/fatura demo
 
-test: $(STAMP) lint browser
+test: $(STAMP) lint browser promtool
 	$(BIN)/python -m pytest -q
 
 # The reviewer page's test (tests/browser) drives Debian's Chromium: installed here when missing. Where
@@ -37,6 +37,14 @@ browser:
 	@test -x $(FATURA_CHROMIUM) || { echo "installing Debian's chromium for the browser test"; \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "make: could not install chromium; the browser test will be skipped" >&2; }
+
+# The alert rules' tests and the /metrics checks run promtool, from Debian's prometheus package
+# (installed here when missing; its server is not started by these tests). Where apt-get cannot,
+# those tests skip and say so.
+promtool:
+	@command -v promtool >/dev/null || { echo "installing Debian's prometheus for promtool"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; } \
+	  || echo "make: could not install promtool; the promtool tests will be skipped" >&2; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
