@@ -249,9 +249,18 @@ async def _send_share(session: Any, target: Target, step: Step, slot: Any) -> Ou
 
 
 class Generators:
-    """Long-lived generator processes, each sending every Nth request of a step's schedule."""
+    """Long-lived generator processes, each sending every Nth request of a step's schedule. ``main``
+    is what each process runs: ``generator_main`` (HTTP POSTs of a ``Target``) unless another sender
+    is given (``bench/grpc_load.py``), with its own target."""
 
-    def __init__(self, count: int, target: Target, connections: int, timeout: float) -> None:
+    def __init__(
+        self,
+        count: int,
+        target: Any,
+        connections: int,
+        timeout: float,
+        main: Callable[..., None] = generator_main,
+    ) -> None:
         ctx = mp.get_context("spawn")  # the parent runs threads (rich); fork would copy their locks
         self.counters = [ctx.Array("q", 2, lock=False) for _ in range(count)]  # sent, done
         self.pipes: list[MpConnection] = []
@@ -259,7 +268,7 @@ class Generators:
         for n in range(count):
             ours, theirs = ctx.Pipe()
             args = (theirs, target, max(1, connections // count), timeout, self.counters[n])
-            proc = ctx.Process(target=generator_main, args=args, daemon=True, name=f"bench-gen-{n}")
+            proc = ctx.Process(target=main, args=args, daemon=True, name=f"bench-gen-{n}")
             proc.start()
             self.pipes.append(ours)
             self.procs.append(proc)
