@@ -179,6 +179,10 @@ def test_rabbitmq_definitions_declare_the_queues_exactly_as_the_broker_does(rend
     config = _find(rendered, "ConfigMap", "rabbitmq-definitions")
     definitions = json.loads(config["data"]["definitions.json"])
     assert definitions["queues"] == expected, json.dumps(expected, indent=2)
+    # The local overlay's RabbitMQ loads these definitions at boot.
+    volumes = _find(rendered, "Deployment", "rabbitmq")["spec"]["template"]["spec"]["volumes"]
+    sources = [s["configMap"]["name"] for v in volumes if "projected" in v for s in v["projected"]["sources"]]
+    assert "rabbitmq-definitions" in sources
     quorum = [q["name"] for q in expected if q["arguments"].get("x-queue-type") == "quorum"]
     assert sorted(quorum) == sorted([*all_queues("fatura"), *map(dq_name, all_queues("fatura"))])
 
