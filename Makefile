@@ -62,6 +62,7 @@ migrate: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/fatura bench accept
+	$(BIN)/fatura bench jobs-grpc
 	$(BIN)/fatura bench limiter
 	$(BIN)/fatura bench pipeline --jobs 1000 --layouts 2x8
 	$(BIN)/fatura bench quota --duration 60
