@@ -76,10 +76,41 @@ def start_edge(spawn: SpawnFn, workers: int = 2, **env: str) -> ServiceProcess:
     return edge
 
 
+# The limiter beside the session's edge: the operator's pool view (/v1/ops/limiter/pools) asks it.
+EDGE_LIMITER_CONFIG = """
+[pools.edge-a]
+rpm = 600
+tpm = 1000000
+max_in_flight = 4
+
+[pools.edge-b]
+rpm = 60
+tpm = 50000
+max_in_flight = 2
+"""
+
+
 @pytest.fixture(scope="session")
-def edge(spawn: SpawnFn) -> ServiceProcess:
-    """The HTTP edge with two uvicorn workers, as it runs in production."""
-    return start_edge(spawn, workers=2, FATURA_AUTH_CACHE_SECONDS="0")
+def edge_limiter(spawn: SpawnFn, queue_prefix: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A limiter for the session's edge; returns its address."""
+    config = tmp_path_factory.mktemp("edge-limiter") / "limiter.toml"
+    config.write_text(EDGE_LIMITER_CONFIG)
+    port, metrics_port = free_port(), free_port()
+    limiter = spawn(
+        "limiter",
+        FATURA_LIMITER_PORT=str(port),
+        FATURA_LIMITER_METRICS_PORT=str(metrics_port),
+        FATURA_LIMITER_CONFIG=str(config),
+        FATURA_LIMITER_KEY_PREFIX=f"fatura:test:{queue_prefix}:edge",
+    )
+    limiter.wait_ready(f"http://127.0.0.1:{metrics_port}/readyz")
+    return f"127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def edge(spawn: SpawnFn, edge_limiter: str) -> ServiceProcess:
+    """The HTTP edge with two uvicorn workers, as it runs in production, and a limiter beside it."""
+    return start_edge(spawn, workers=2, FATURA_AUTH_CACHE_SECONDS="0", FATURA_LIMITER_ADDRESS=edge_limiter)
 
 
 @pytest.fixture

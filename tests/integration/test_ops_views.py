@@ -15,6 +15,8 @@ from psycopg.types.json import Jsonb
 from fix_api import job_body
 from fix_db import MakeTenant, SyncPool, TenantHandle
 from fix_ops import KeyHandle, make_operator
+from fix_processes import SpawnFn, start_edge
+from services.common.procs import free_port
 
 # What a provider and a worker write: a host name, a port, a pid. None of it is the tenant's business.
 PROVIDER_TEXT = "upstream gpu-node-17.provider.internal:8443 overloaded (req 9f2c, pid 4711)"
@@ -200,10 +202,27 @@ def test_endpoint_health_across_tenants_shows_the_breaker_and_the_last_outcome_n
     assert bad.status_code == 400
 
 
-def test_the_pool_view_says_the_limiter_is_not_answering_when_it_is_not(
+def test_the_operator_reads_every_limiter_pool_with_its_headroom(
     client: httpx.Client, operator: KeyHandle
 ) -> None:
-    # The edge under test has no limiter beside it: the answer is a typed 503, never a 500.
     answer = client.get("/v1/ops/limiter/pools", headers=operator.headers)
+
+    assert answer.status_code == 200, answer.text
+    pools = {p["pool"]: p for p in answer.json()["pools"]}
+    assert sorted(pools) == ["edge-a", "edge-b"]  # tests/fix_processes.py EDGE_LIMITER_CONFIG
+    b = pools["edge-b"]
+    assert b["requests"]["limit"] == 60 and b["tokens"]["limit"] == 50_000
+    assert b["in_flight"] == {"limit": 2, "used": 0, "headroom": 2}
+    assert b["cooling_down"] is False and b["cooldown_until"] is None and b["window_ms"] == 60_000
+
+
+def test_the_pool_view_says_the_limiter_is_not_answering_when_it_is_not(
+    spawn: SpawnFn, operator: KeyHandle
+) -> None:
+    edge = start_edge(spawn, workers=1, FATURA_LIMITER_ADDRESS=f"127.0.0.1:{free_port()}")
+    try:
+        answer = httpx.get(f"{edge.base_url}/v1/ops/limiter/pools", headers=operator.headers, timeout=10)
+    finally:
+        edge.stop()
     assert answer.status_code == 503, answer.text
     assert answer.json()["error"]["code"] == "limiter_unavailable" and answer.headers["retry-after"] == "5"
