@@ -110,10 +110,14 @@ class EventFeed:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"event-feed-{self._name}")
 
-    async def stop(self) -> None:
-        """End every open stream (``End('shutdown')``) and stop reading."""
+    def end_streams(self) -> None:
+        """End every open stream with ``End('shutdown')``: the server is going away."""
         for subscription in list(self._subscriptions):
             subscription.end("shutdown", "The server is shutting down; reconnect with Last-Event-ID.")
+
+    async def stop(self) -> None:
+        """End every open stream and stop reading."""
+        self.end_streams()
         if self._task is not None:
             self._task.cancel()
             try:

@@ -11,7 +11,12 @@ A client that disconnects releases its subscription at once.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
+import threading
+from types import FrameType
+from typing import Any
 
 import anyio
 from starlette.requests import Request
@@ -111,6 +116,26 @@ class EventStream(Response):
             await send({"type": "http.response.body", "body": body, "more_body": True})
             if batch and isinstance(batch[-1], End):
                 return
+
+
+def end_streams_on_exit(feed: EventFeed) -> None:
+    """When the server is told to stop (SIGTERM, SIGINT), end every open stream at once with an
+    ``end`` event: uvicorn would otherwise wait out its graceful shutdown for responses that never
+    finish, then cancel them. Call it from the application's start-up, in the main thread; the
+    server's own handler is kept and still runs after this one."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(sig)
+        if not callable(previous):
+            continue
+
+        def handler(signum: int, frame: FrameType | None, previous: Any = previous) -> None:
+            loop.call_soon_threadsafe(feed.end_streams)
+            previous(signum, frame)
+
+        signal.signal(sig, handler)
 
 
 def event_routes(

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.acceptance.feed import EventFeed
 from services.acceptance.routes import acceptance_routes
 from services.acceptance.settings import AcceptanceSettings, EventSettings
-from services.acceptance.sse import event_routes
+from services.acceptance.sse import end_streams_on_exit, event_routes
 from services.common import logs, readiness, tracing
 from services.common.api.auth import Authenticator
 from services.common.api.body import JsonBody
@@ -159,6 +159,7 @@ def create_app(settings: AcceptanceSettings) -> Starlette:
         await edge.pool.open(wait=False)
         await edge.feed.start()
         await edge.keys.start()
+        end_streams_on_exit(edge.feed)
         try:
             yield
         finally:

@@ -201,3 +201,18 @@ def test_heartbeats_keep_a_quiet_stream_open(stream_edge: ServiceProcess, tenant
         with pytest.raises(TimeoutError):
             stream.next(timeout=1.6)
         assert stream.comments >= 2
+
+
+def test_a_stopping_edge_ends_its_streams_at_once_and_says_why(spawn: SpawnFn, tenant: TenantHandle) -> None:
+    edge = start_edge(spawn, workers=2, FATURA_EVENT_HEARTBEAT_SECONDS="0.5")
+    with sse(url(edge), "/v1/events", tenant.api_key) as stream:
+        stream.next()
+        stopping = time.monotonic()
+        edge.terminate()
+        end = stream.next(timeout=5)
+        with pytest.raises(EOFError):
+            stream.next(timeout=5)
+    assert end.event == "end" and end.data["reason"] == "shutdown"
+    edge.wait_exit(timeout=10)
+    # Without ending its streams the edge would wait out uvicorn's graceful shutdown (10 s)
+    assert time.monotonic() - stopping < 5
