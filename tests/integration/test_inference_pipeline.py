@@ -14,6 +14,7 @@ import pika
 import pytest
 
 from fix_amqp import AMQP_URL
+from fix_ops import make_operator
 from fix_pipeline import TERMINAL, Pipeline, StartPipeline
 from services.common.broker import make_broker
 from services.common.settings import CommonSettings
@@ -275,6 +276,33 @@ def test_a_provider_answer_that_is_not_json_is_an_attempt_outcome_and_the_job_is
     assert job["usage"]["input_tokens"] == sum(a["input_tokens"] for a in attempts)
     assert job["usage"]["output_tokens"] == sum(a["output_tokens"] for a in attempts)
     assert job["usage"]["total_tokens"] == sum(a["input_tokens"] + a["output_tokens"] for a in attempts)
+
+
+def test_a_provider_error_naming_its_hosts_reaches_the_operator_and_never_the_tenant(
+    pipe: Pipeline,
+) -> None:
+    # Given a provider whose every answer is a 503 whose text names its own host, port and pid
+    raw = "gpu-node-17.provider.internal:8443 (pid 4711) lost its CUDA context"
+    pipe.fault("server_error", count=None, status=503, message=raw)
+    tenant, operator = pipe.make_tenant(), make_operator(pipe.pool, label="pipeline")
+    # When a job spends its retry budget on it
+    job_id = pipe.submit(tenant, load_samples()[0].text)
+    job = pipe.wait_state(job_id, TERMINAL)
+    with pipe.client() as client:
+        status = client.get(f"/v1/extraction-jobs/{job_id}", headers=tenant.headers)
+        ops = client.get(f"/v1/ops/jobs/{job_id}", headers=operator.headers)
+    # Then the tenant reads a stable class and words written for it, and nothing of the provider's
+    assert job["state"] == "FAILED_TERMINAL" and raw in job["error_message"]
+    assert status.json()["error"]["class"] == "server_error"
+    for secret in ("gpu-node-17", "8443", "4711", "CUDA", job["claimed_by"]):
+        assert secret not in status.text
+    # And the operator reads every attempt with the provider's own words and the worker that made it
+    assert ops.status_code == 200, ops.text
+    sent = [a for a in ops.json()["attempts"] if a["status"] == "server_error"]
+    assert len(sent) >= 2 and {a["attempt"] for a in sent} == set(range(1, job["attempt"] + 1))
+    assert all(raw in a["error_message"] and a["http_status"] == 503 for a in sent)
+    assert all(a["worker_id"] == job["claimed_by"] and a["channel"] and a["model"] for a in sent)
+    assert raw in ops.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("mode", ["hallucinated_iban", "obey_injection"])

@@ -222,10 +222,8 @@ def _transport_fault(fault: Fault) -> JSONResponse:
     if fault.mode == "rate_limit_storm":
         body = wire.error_body("Rate limit reached (simulated storm).", "requests", "rate_limit_exceeded")
         return error(429, body, {"Retry-After": str(fault.retry_after)})
-    body = wire.error_body(
-        "The server had an error while processing your request (simulated).", "server_error", None
-    )
-    return error(fault.status, body)
+    message = fault.message or "The server had an error while processing your request (simulated)."
+    return error(fault.status, wire.error_body(message, "server_error", None))
 
 
 def _error_frame() -> dict[str, Any]:

@@ -45,6 +45,9 @@ class Fault:
     retry_after: int = 1
     delay_s: float = 0.0
     status: int = 503
+    # The error text of a server_error answer, in place of the default: a real provider's words may
+    # name its own hosts, which the caller must keep from its tenants.
+    message: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,7 +56,7 @@ class Fault:
 def parse_fault(body: Any) -> Fault:
     if not isinstance(body, dict):
         raise FaultError("the body must be a JSON object")
-    unknown = set(body) - {"mode", "count", "probability", "retry_after", "delay_s", "status"}
+    unknown = set(body) - {"mode", "count", "probability", "retry_after", "delay_s", "status", "message"}
     if unknown:
         raise FaultError(f"unknown fields: {', '.join(sorted(unknown))}")
     mode = body.get("mode")
@@ -68,7 +71,10 @@ def parse_fault(body: Any) -> Fault:
     status = body.get("status", 503)
     if isinstance(status, bool) or not isinstance(status, int) or not 500 <= status <= 599:
         raise FaultError("`status` must be an integer from 500 to 599")
-    return Fault(mode, count, float(probability), int(retry_after), float(delay_s), status)
+    message = body.get("message")
+    if message is not None and (not isinstance(message, str) or not 1 <= len(message) <= 500):
+        raise FaultError("`message` must be a string of 1 to 500 characters")
+    return Fault(mode, count, float(probability), int(retry_after), float(delay_s), status, message)
 
 
 def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
