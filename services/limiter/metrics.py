@@ -73,6 +73,12 @@ class PoolCollector(Collector):
                 labels=["pool"],
             ),
         }
+        headroom = GaugeMetricFamily(
+            "fatura_limiter_pool_headroom",
+            "What a pool can still grant now, by dimension (in_flight permits, requests and tokens "
+            "in the window): the limit minus its use, never below 0",
+            labels=["pool", "dimension"],
+        )
         up = GaugeMetricFamily("fatura_limiter_redis_up", "1 when the last scrape could read Redis")
         ok = 1
         for pool in self._pools():
@@ -92,6 +98,13 @@ class PoolCollector(Collector):
             if status.cooldown_until_ms is not None:
                 remaining = max(0.0, (status.cooldown_until_ms - status.observed_at_ms) / 1000)
             families["cooldown"].add_metric([pool], remaining)
+            for dimension, usage in (
+                ("in_flight", status.in_flight),
+                ("requests", status.requests),
+                ("tokens", status.tokens),
+            ):
+                headroom.add_metric([pool, dimension], max(0, usage.limit - usage.used))
         up.add_metric([], ok)
         yield from families.values()
+        yield headroom
         yield up

@@ -64,6 +64,7 @@ def test_metrics_show_grants_denials_held_permits_cooldowns_and_latency(start_li
         assert metric(text, 'fatura_limiter_denials_total{pool="p",reason="IN_FLIGHT"}') == 1
         assert metric(text, 'fatura_limiter_pool_in_flight{pool="p"}') == 3
         assert metric(text, 'fatura_limiter_pool_in_flight_limit{pool="p"}') == 3
+        assert metric(text, 'fatura_limiter_pool_headroom{dimension="in_flight",pool="p"}') == 0
         assert 0 < metric(text, 'fatura_limiter_pool_cooldown_remaining_seconds{pool="p"}') <= 60
         assert metric(text, 'fatura_limiter_throttle_reports_total{extended="true",pool="p"}') == 1
         assert metric(text, 'fatura_limiter_rpc_seconds_count{code="OK",method="Acquire"}') == 4
@@ -73,6 +74,7 @@ def test_metrics_show_grants_denials_held_permits_cooldowns_and_latency(start_li
             client.release(grant.permit_id, Outcome.NOT_SENT)
         text = httpx.get(limiter.metrics_url, timeout=5).text
         assert metric(text, 'fatura_limiter_pool_in_flight{pool="p"}') == 0
+        assert metric(text, 'fatura_limiter_pool_headroom{dimension="in_flight",pool="p"}') == 3
         assert metric(text, 'fatura_limiter_releases_total{outcome="NOT_SENT",pool="p"}') == 3
     ready = httpx.get(limiter.metrics_url.replace("/metrics", "/readyz"), timeout=5)
     assert ready.status_code == 200
