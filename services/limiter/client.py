@@ -24,6 +24,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import Counter
 
+from services.common import tracing
 from services.common.protos.fatura.limiter.v1 import limiter_pb2 as pb
 from services.common.protos.fatura.limiter.v1 import limiter_pb2_grpc as pb_grpc
 from services.limiter.config import load_config
@@ -189,6 +190,14 @@ class LimiterClient:
     def __exit__(self, *_: object) -> None:
         self.close()
 
+    def _traced(self) -> tuple[tuple[str, str], ...] | None:
+        """The call's metadata, with the current span's traceparent when there is one, so the
+        limiter's span joins the job's trace (services/common/tracing.py)."""
+        traceparent = tracing.current_traceparent()
+        if traceparent is None:
+            return self._metadata
+        return (*(self._metadata or ()), (tracing.TRACEPARENT, traceparent))
+
     def acquire(
         self,
         pool: str,
@@ -214,7 +223,7 @@ class LimiterClient:
             request_key=key,
         )
         try:
-            response = self._stub.Acquire(request, timeout=self._deadline_s, metadata=self._metadata)
+            response = self._stub.Acquire(request, timeout=self._deadline_s, metadata=self._traced())
         except grpc.RpcError as exc:
             error = self._translate("Acquire", exc)
             if not isinstance(error, LimiterUnavailable):

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from services.common import tracing
 from services.common.protos.fatura.limiter.v1 import limiter_pb2 as pb
 from services.common.protos.fatura.limiter.v1 import limiter_pb2_grpc as pb_grpc
 from services.limiter import metrics
@@ -88,6 +89,16 @@ class LimiterServicer(pb_grpc.LimiterServiceServicer):
         self._store = store
 
     async def _handle(self, method: str, context: Any, call: Callable[[], Awaitable[R]]) -> R:
+        if not tracing.enabled():
+            return await self._measured(method, context, call)
+        incoming = None
+        for key, value in context.invocation_metadata() or ():
+            if key == tracing.TRACEPARENT:
+                incoming = tracing.valid(value)
+        with tracing.span(f"LimiterService/{method}", incoming, kind=tracing.SpanKind.SERVER):
+            return await self._measured(method, context, call)
+
+    async def _measured(self, method: str, context: Any, call: Callable[[], Awaitable[R]]) -> R:
         started = time.perf_counter()
         code = grpc.StatusCode.OK
         try:

@@ -1,8 +1,9 @@
 """One trace per job across every process (issue 13, point 1).
 
 Each process exports its spans to one shared file as JSON lines (``FATURA_TRACE_FILE``): an
-in-memory exporter lives in one process, and this trace crosses five (edge, relay, inference
-worker, delivery worker, and the receiver the webhook's ``traceparent`` reaches).
+in-memory exporter lives in one process, and this trace crosses the edge (or the JobService), the
+relay, the limiter, the inference worker and the delivery worker, and reaches the receiver through
+the webhook's ``traceparent``.
 """
 
 from __future__ import annotations
@@ -132,17 +133,25 @@ def test_one_jobs_spans_from_every_process_share_the_trace_its_request_started(
     [headers, *_] = _wait(lambda: receiver.for_job(job_id), "the job's webhook")
     assert headers["traceparent"].split("-")[1] == trace_id
 
-    # And the edge, the relay, the inference worker and the delivery worker each recorded spans in it
-    wanted = {"fatura-http", "fatura-relay", "fatura-inference-worker", "fatura-delivery-worker"}
+    # And the edge, the relay, the limiter, the inference worker and the delivery worker each
+    # recorded spans in it
+    wanted = {
+        "fatura-http",
+        "fatura-relay",
+        "fatura-limiter",
+        "fatura-inference-worker",
+        "fatura-delivery-worker",
+    }
 
     def all_there() -> list[dict[str, Any]]:
         spans = _spans(trace_file, trace_id)
         return spans if wanted <= {s["service"] for s in spans} else []
 
     spans = _wait(all_there, f"spans of trace {trace_id} from {sorted(wanted)}")
-    assert len({(s["service"], s["pid"]) for s in spans}) >= 4
+    assert len({(s["service"], s["pid"]) for s in spans}) >= 5
     names = {s["name"] for s in spans}
-    assert {"limiter acquire", "inference attempt", "validation", "webhook attempt"} <= names
+    assert {"limiter acquire", "LimiterService/Acquire", "inference attempt", "validation"} <= names
+    assert "webhook attempt" in names
     assert any(n.startswith("provider ") for n in names)
     assert any(n.startswith("publish extraction.requested") for n in names)
     [attempt] = [s for s in spans if s["name"] == "inference attempt"]
