@@ -10,7 +10,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from services.acceptance import metrics, views
 from services.acceptance.queries import Q
-from services.common import events, states
+from services.common import events, sli, states
 from services.common.api.cursor import decode_cursor, encode_cursor
 from services.common.api.errors import Conflict, NotFound
 from services.common.api.tenancy import Tenant
@@ -78,6 +78,7 @@ class JobService:
             )
         if row is not None:
             metrics.JOBS_CANCELLED.inc()
+            sli.observe_completion(row["priority"], states.CANCELLED, row["since_accepted"])
         return current
 
 

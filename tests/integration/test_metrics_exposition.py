@@ -22,6 +22,12 @@ _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12
 def scraped(pipeline_factory: StartPipeline) -> Iterator[dict[str, str]]:
     """One /metrics page per process kind, read after jobs went through the whole pipeline."""
     pipe: Pipeline = pipeline_factory()
+    tenant = pipe.make_tenant()
+    # A job cancelled before any worker runs: the edge writes that final state
+    cancelled = pipe.submit(tenant, sample_text("02_de_buerotechnik_eur.txt"))
+    with pipe.client() as client:
+        answer = client.post(f"/v1/extraction-jobs/{cancelled}:cancel", headers=tenant.headers)
+    assert answer.status_code == 200, answer.text
     worker = pipe.start_worker()
     scheduler = pipe.start_scheduler()
     ports = {"delivery-worker": free_port(), "delivery-scheduler": free_port(), "jobs-grpc": free_port()}
@@ -45,7 +51,6 @@ def scraped(pipeline_factory: StartPipeline) -> Iterator[dict[str, str]]:
     for name, port in ports.items():
         next(p for p in extra if p.name == name).wait_ready(f"http://127.0.0.1:{port}/readyz")
     # Traffic: one job that succeeds and one that needs a reviewer
-    tenant = pipe.make_tenant()
     ok = pipe.submit(tenant, sample_text("01_tr_kirtasiye_try.txt"), priority="interactive")
     review = pipe.submit(tenant, sample_text("06_review_bad_arithmetic_try.txt"))
     assert pipe.wait_state(ok, TERMINAL)["state"] == "SUCCEEDED"
@@ -116,6 +121,11 @@ def test_the_worker_reports_the_completion_sli_and_the_review_rate_separately(
     # And the provider's reported tokens and time to first token are there
     assert _value(page, "fatura_provider_tokens_total", kind="output") > 0
     assert _value(page, "fatura_provider_time_to_first_token_seconds_count") == 2
+
+
+def test_the_edge_reports_a_cancellation_as_an_outcome_of_the_sli(scraped: dict[str, str]) -> None:
+    count = "fatura_job_completion_seconds_count"
+    assert _value(scraped["edge"], count, outcome="cancelled", priority="batch") == 1
 
 
 def test_the_scheduler_reports_the_backlog_of_each_priority(scraped: dict[str, str]) -> None:

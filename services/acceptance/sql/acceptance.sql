@@ -115,7 +115,8 @@ SET state = 'CANCELLED', state_version = state_version + 1, lease_until = NULL,
                  ELSE usage END
 WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s
   AND state IN ('READY', 'RUNNING', 'RETRY_SCHEDULED')
-RETURNING id, tenant_id, state, state_version
+RETURNING id, tenant_id, state, state_version, priority,
+          extract(epoch FROM now() - created_at)::float8 AS since_accepted
 
 -- name: create_tenant
 INSERT INTO tenants (id, name, weight, max_in_flight, max_pending_jobs, max_pending_bytes,
