@@ -195,7 +195,11 @@ OPS_JOB: JSON = {
         "updated_at": _TIME,
         "finished_at": _TIME_OR_NULL,
         "usage": {"type": ["object", "null"]},
-        "review_reasons": {"type": ["array", "null"]},
+        "review_reasons": {
+            "type": "array",
+            "description": "The validation reasons' codes and fields (their messages quote the invoice).",
+            "items": {"type": "object", "properties": {"code": _STR_OR_NULL, "field": _STR_OR_NULL}},
+        },
         "decided_by": _STR_OR_NULL,
         "error": {
             "type": ["object", "null"],

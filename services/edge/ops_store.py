@@ -60,7 +60,12 @@ async def job(pool: AsyncPool, job_id: uuid.UUID) -> JSON | None:
         "updated_at": _iso(row["updated_at"]),
         "finished_at": _iso(row["finished_at"]),
         "usage": row["usage"],
-        "review_reasons": row["review_reasons"],
+        # Codes and fields only: a reason's message quotes the invoice, which is the tenant's data.
+        "review_reasons": [
+            {"code": r.get("code"), "field": r.get("field")}
+            for r in (row["review_reasons"] or [])
+            if isinstance(r, dict)
+        ],
         "decided_by": row["decided_by"],
         "error": None,
         "attempts": [_attempt(a) for a in attempts],

@@ -75,7 +75,7 @@ def test_the_tenant_reads_a_stable_class_and_the_operator_the_raw_text(
         assert secret not in status.text
     view = ops.json()
     assert view["tenant_id"] == str(tenant.id) and view["state"] == "FAILED_TERMINAL"
-    assert view["claimed_by"] == WORKER
+    assert view["claimed_by"] == WORKER and view["review_reasons"] == []
     assert PROVIDER_TEXT in view["error"]["message"]
     assert view["error"]["tenant_sees"] == status.json()["error"]
     assert [
