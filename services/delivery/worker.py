@@ -101,7 +101,8 @@ class DeliveryWorker:
             parsed = uuid.UUID(str(delivery_id))
         except ValueError:
             raise BadMessage("malformed", f"delivery_id is not a UUID: {str(delivery_id)[:64]!r}") from None
-        self.deliver_one(parsed)
+        with logs.bound(delivery_id=parsed):
+            self.deliver_one(parsed)
 
     def deliver_one(self, delivery_id: uuid.UUID) -> bool:
         """Attempt one delivery if it is due and its endpoint can take it; True when attempted."""
