@@ -203,7 +203,11 @@ def test_an_items_result_is_shown_only_once_it_succeeded() -> None:
     review = item_body({**job, "state": "REVIEW_REQUIRED"})
     assert "result" not in review and review["done"] is False and review["review"]["reasons"]
     cancelled = item_body({**job, "state": "CANCELLED"})
-    assert cancelled["error"] == {"class": "cancelled", "message": ""} and cancelled["done"] is True
+    assert cancelled["error"] == {
+        "class": "cancelled",
+        "message": "The job was cancelled; no result will be produced.",
+    }
+    assert cancelled["done"] is True
 
 
 def test_an_items_cursor_round_trips_and_any_other_text_is_400() -> None:
