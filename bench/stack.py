@@ -185,7 +185,7 @@ class Stack:
             "inference-worker", "FATURA_INFERENCE_METRICS_PORT", FATURA_WORKER_ID=worker_id, **env
         ).wait_ready()
 
-    def start_edge(self, workers: int = 1) -> Proc:
+    def start_edge(self, workers: int = 1, **env: str) -> Proc:
         port, metrics = free_port(), free_port()
         self.edge_url = f"http://127.0.0.1:{port}"
         return self.spawn(
@@ -196,6 +196,7 @@ class Stack:
             FATURA_HTTP_METRICS_PORT=str(metrics),
             FATURA_HTTP_WORKERS=str(workers),
             FATURA_MAX_SYSTEM_BACKLOG=str(10**9),
+            **env,
         )
 
     def stop_all(self) -> None:

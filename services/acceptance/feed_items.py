@@ -29,6 +29,7 @@ class JobEvent:
     kind: str  # 'state' | 'review' | 'erp_ack'
     at: datetime
     data: bytes = field(repr=False, compare=False)  # the JSON body, encoded once for every stream
+    sse: bytes = field(repr=False, compare=False)  # the same as a server-sent event frame
 
     @classmethod
     def from_row(cls, row: DictRow) -> JobEvent:
@@ -42,6 +43,7 @@ class JobEvent:
             "done": states.is_done(row["state"]),
             "status_url": status_url(row["job_id"]),
         }
+        data = json.dumps(body, separators=(",", ":")).encode()
         return cls(
             seq=row["seq"],
             tenant_id=row["tenant_id"],
@@ -50,7 +52,8 @@ class JobEvent:
             state_version=row["state_version"],
             kind=row["kind"],
             at=row["at"],
-            data=json.dumps(body, separators=(",", ":")).encode(),
+            data=data,
+            sse=b"id: %d\ndata: %s\n\n" % (row["seq"], data),
         )
 
 

@@ -42,7 +42,7 @@ def frame(item: FeedItem) -> bytes:
     """One SSE frame. Job events have no ``event:`` line (EventSource's ``message``); snapshots and
     the end name theirs."""
     if isinstance(item, JobEvent):
-        return b"id: %d\ndata: %s\n\n" % (item.seq, item.data)
+        return item.sse
     if isinstance(item, Snapshot):
         return b"id: %d\nevent: snapshot\ndata: %s\n\n" % (item.seq, _json(item.body()))
     return b"event: end\ndata: %s\n\n" % _json(item.body())

@@ -23,6 +23,7 @@ BENCHMARKS = {
     "gateway": ("bench.gateway", "provider gateway overhead per call vs a bare httpx call to the simulator"),
     "pipeline": ("bench.pipeline", "jobs/s accepted -> SUCCEEDED, zero-latency provider, vs a no-op actor"),
     "quota": ("bench.quota", "attempts/s against a rate-limited provider vs seed 000's capacity formula"),
+    "events": ("bench.events", "SSE subscribers receiving every event of a tenant's jobs vs a bare fan-out"),
     "fairness": ("bench.fairness", "one tenant's job latency behind another's 5,000-job backlog vs idle"),
 }
 
