@@ -193,3 +193,45 @@ def test_a_stream_that_falls_a_buffer_behind_catches_up_from_the_database(
             "SELECT seq FROM job_events WHERE tenant_id = %s ORDER BY seq", (tenant.id,)
         ).fetchall()
     assert seqs == [int(r["seq"]) for r in rows]
+
+
+def test_an_event_older_than_one_already_sent_for_its_job_is_not_sent(
+    common_settings: CommonSettings, pool: SyncPool, make_tenant: MakeTenant
+) -> None:
+    tenant = make_tenant()
+    job = new_job(pool, tenant.id)
+
+    async def body(feed: EventFeed) -> list[FeedItem]:
+        async with await feed.subscribe(tenant.id) as subscription:
+            await collect(subscription, 1)  # the snapshot: READY, version 1
+            await asyncio.to_thread(change_state, pool, tenant.id, job, "RUNNING")
+            await asyncio.to_thread(change_state, pool, tenant.id, job, "SUCCEEDED")
+            # A note on the job's history recorded at a version it has already left (a writer that
+            # read the job before its last change committed)
+            await asyncio.to_thread(_stale_note, pool, tenant.id, job)
+            await asyncio.to_thread(_current_note, pool, tenant.id, job)
+            items = await collect(subscription, 3)
+            return items + await quiet_for(subscription, 0.5)
+
+    items = run_with_feed(common_settings, body)
+    events = [(i.state_version, i.kind) for i in items if isinstance(i, JobEvent)]
+    assert events == [(2, "state"), (3, "state"), (3, "review")]
+
+
+def _stale_note(pool: SyncPool, tenant_id: uuid.UUID, job_id: uuid.UUID) -> None:
+    with pool.connection() as conn:
+        conn.execute(
+            """INSERT INTO job_events (tenant_id, job_id, state, state_version, kind)
+               VALUES (%s, %s, 'RUNNING', 2, 'review')""",
+            (tenant_id, job_id),
+        )
+
+
+def _current_note(pool: SyncPool, tenant_id: uuid.UUID, job_id: uuid.UUID) -> None:
+    """A note at the job's current version: it goes out (same version, not a state change)."""
+    with pool.connection() as conn:
+        conn.execute(
+            """INSERT INTO job_events (tenant_id, job_id, state, state_version, kind)
+               VALUES (%s, %s, 'SUCCEEDED', 3, 'review')""",
+            (tenant_id, job_id),
+        )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import ExitStack
 
 import httpx
 import pytest
@@ -216,3 +217,28 @@ def test_a_stopping_edge_ends_its_streams_at_once_and_says_why(spawn: SpawnFn, t
     edge.wait_exit(timeout=10)
     # Without ending its streams the edge would wait out uvicorn's graceful shutdown (10 s)
     assert time.monotonic() - stopping < 5
+
+
+def test_one_reader_per_edge_worker_serves_every_stream(
+    stream_edge: ServiceProcess, pool: SyncPool, tenant: TenantHandle
+) -> None:
+    def feed_sessions() -> int:
+        with pool.connection() as conn:
+            row = conn.execute(
+                """SELECT count(*) AS n FROM pg_stat_activity
+                   WHERE datname = current_database() AND application_name = 'fatura-http-feed'"""
+            ).fetchone()
+        return int(row["n"]) if row else 0
+
+    with ExitStack() as streams:
+        opened = [
+            streams.enter_context(sse(url(stream_edge), "/v1/events", tenant.api_key)) for _ in range(6)
+        ]
+        for stream in opened:
+            stream.next()
+        job = new_job(pool, tenant.id)
+        change_state(pool, tenant.id, job, "RUNNING")
+        for stream in opened:
+            assert [e.data["state"] for e in stream.take(2)] == ["READY", "RUNNING"]
+        # Six streams on two workers: still one reading session per worker
+        assert feed_sessions() == 2
