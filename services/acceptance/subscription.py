@@ -25,7 +25,7 @@ from psycopg_pool import PoolTimeout
 
 from services.acceptance.feed_items import End, FeedItem, JobEvent, Snapshot, SnapshotJob
 from services.common import states
-from services.common.api.errors import NotFound
+from services.common.api.errors import ApiError, NotFound
 from services.common.queries import load_queries
 
 log = logging.getLogger(__name__)
@@ -180,9 +180,15 @@ class Subscription:
             return
         # A cursor at or past the feed's watermark needs no catch-up, but what came after it may
         # already be pruned (a client back after the retention, on a quiet system).
-        horizon = int((await self._fetch(Q["horizon"], {}))[0]["pruned_through"])
-        if horizon > self._cursor:
-            self._prepared = [await self._snapshot("cursor_expired", horizon)]
+        row = (await self._fetch(Q["horizon"], {}))[0]
+        if self._cursor > int(row["newest"]):
+            raise ApiError(
+                f"Last-Event-ID {self._cursor} is above every event this server has sent; resume from "
+                "an id it sent, or connect without one",
+                code="invalid_last_event_id",
+            )
+        if int(row["pruned_through"]) > self._cursor:
+            self._prepared = [await self._snapshot("cursor_expired", int(row["pruned_through"]))]
 
     async def _snapshot(self, reason: str, resume: int) -> Snapshot:
         params = {

@@ -190,6 +190,8 @@ def test_a_malformed_last_event_id_or_no_key_is_a_typed_error(
     with httpx.Client(base_url=url(stream_edge), timeout=10) as client:
         bad = client.get("/v1/events", headers={**tenant.headers, "Last-Event-ID": "-1"})
         assert (bad.status_code, bad.json()["error"]["code"]) == (400, "invalid_last_event_id")
+        unsent = client.get("/v1/events", headers={**tenant.headers, "Last-Event-ID": "9" * 18})
+        assert (unsent.status_code, unsent.json()["error"]["code"]) == (400, "invalid_last_event_id")
         anonymous = client.get("/v1/events")
         assert anonymous.status_code == 401
         query = client.get("/v1/events", params={"x": "1"}, headers=tenant.headers)

@@ -51,7 +51,8 @@ LEFT JOIN LATERAL (
 ORDER BY e.seq
 
 -- name: horizon
-SELECT pruned_through FROM job_event_horizon
+-- How far events were pruned, and the newest seq: a cursor above it is no id this server sent.
+SELECT pruned_through, (SELECT coalesce(max(seq), 0) FROM job_events) AS newest FROM job_event_horizon
 
 -- name: find_job
 -- A job stream opens only on the tenant's own job.
