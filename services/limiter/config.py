@@ -36,6 +36,16 @@ class PoolLimits:
     tpm: int  # tokens per window
     max_in_flight: int  # leases held at once, across every process
     window_ms: int = 60_000  # RPM/TPM sliding window; 60 s makes them per-minute figures
+    # ``local``: a self-hosted server (vLLM) whose limit is GPU memory, not a quota.
+    kind: str = "hosted"
+    # Local pools: context tokens (prompt + max output) held by in-flight requests at once, i.e.
+    # the server's KV cache; None: no such dimension. A reservation is rounded up to whole blocks.
+    kv_token_capacity: int | None = None
+    block_size: int = 1
+
+    def kv_tokens_for(self, reserved: int) -> int:
+        """The KV cache a reservation holds: whole blocks, as a paged-attention server allocates."""
+        return -(-reserved // self.block_size) * self.block_size
 
 
 @dataclass(frozen=True)
@@ -91,14 +101,36 @@ def _pool(name: str, raw: Any) -> PoolLimits:
     if not NAME.match(name):
         raise ConfigError(f"{where}: pool names must match {NAME.pattern}")
     table = _table(raw, where)
-    _no_unknown_keys(table, {"rpm", "tpm", "max_in_flight", "window_ms"}, where)
+    _no_unknown_keys(
+        table,
+        {"rpm", "tpm", "max_in_flight", "window_ms", "kind", "kv_token_capacity", "kv_blocks", "block_size"},
+        where,
+    )
     window = _int(table, "window_ms", where, lo=100, required=False)
+    kind = table.get("kind", "hosted")
+    if kind not in ("hosted", "local"):
+        raise ConfigError(f"{where}.kind must be 'hosted' or 'local', not {kind!r}")
+    capacity = _int(table, "kv_token_capacity", where, lo=1, required=False)
+    blocks = _int(table, "kv_blocks", where, lo=1, required=False)
+    block_size = _int(table, "block_size", where, lo=1, required=False)
+    if kind == "hosted" and (capacity or blocks or block_size):
+        raise ConfigError(f"{where}: kv_token_capacity, kv_blocks and block_size need kind = 'local'")
+    if kind == "local":
+        if (capacity is None) == (blocks is None):
+            raise ConfigError(f"{where}: a local pool sets kv_token_capacity or kv_blocks (not both)")
+        if blocks is not None:
+            if block_size is None:
+                raise ConfigError(f"{where}: kv_blocks needs block_size (tokens per KV block)")
+            capacity = blocks * block_size
     return PoolLimits(
         name=name,
         rpm=_int(table, "rpm", where, lo=1, required=True) or 0,
         tpm=_int(table, "tpm", where, lo=1, required=True) or 0,
         max_in_flight=_int(table, "max_in_flight", where, lo=1, required=True) or 0,
         window_ms=60_000 if window is None else window,
+        kind=kind,
+        kv_token_capacity=capacity,
+        block_size=block_size or 1,
     )
 
 

@@ -19,6 +19,11 @@ class UnknownPool(InvalidArgument):
     """The pool is not in the limiter's configuration."""
 
 
+class NeverAdmittable(InvalidArgument):
+    """The reservation is bigger than a whole dimension of the pool (its TPM, or a local pool's KV
+    token capacity): no amount of waiting could grant it. Nothing changed."""
+
+
 class PermitNotFound(LimiterError):
     """No permit with this id exists (never granted, or its record was retired after the retention time)."""
 

@@ -13,6 +13,7 @@ class DenyReason(StrEnum):
     TENANT_IN_FLIGHT = "TENANT_IN_FLIGHT"
     TENANT_BUDGET = "TENANT_BUDGET"
     COOLDOWN = "COOLDOWN"
+    KV_TOKENS = "KV_TOKENS"  # a local pool's in-flight context tokens (its KV cache) are taken
     # Client side only: the limiter could not be reached and no emergency permit was available.
     UNAVAILABLE = "UNAVAILABLE"
 

@@ -13,6 +13,7 @@ from services.limiter.config import LimiterConfig
 from services.limiter.errors import (
     BackendError,
     InvalidArgument,
+    NeverAdmittable,
     PermitNotFound,
     PermitNotHeld,
     RequestKeyConflict,
@@ -74,6 +75,10 @@ class KeyLayout:
 
     def tenant_budget(self, pool: str, tenant: str) -> str:
         return f"{self._base(pool)}:tenant:{tenant}:budget"
+
+    def kv_held(self, pool: str) -> str:
+        """A local pool's in-flight context tokens: permit_id -> KV tokens held."""
+        return f"{self._base(pool)}:kvheld"
 
     def permit(self, permit_id: str) -> str:
         pool, _, _ = parse_permit_id(permit_id)
@@ -139,9 +144,15 @@ class LimiterOps:
                 f" is over the maximum of {self.limits.max_tokens}"
             )
         if reserved > pool.tpm:
-            raise InvalidArgument(
+            raise NeverAdmittable(
                 f"a reservation of {reserved} tokens can never fit pool {pool.name!r}"
                 f" (tpm {pool.tpm} per {pool.window_ms} ms)"
+            )
+        kv_tokens = pool.kv_tokens_for(reserved)
+        if pool.kv_token_capacity is not None and kv_tokens > pool.kv_token_capacity:
+            raise NeverAdmittable(
+                f"a request holding {kv_tokens} context tokens can never fit local pool {pool.name!r}"
+                f" (KV capacity {pool.kv_token_capacity} tokens)"
             )
         lease_ms = _lease(request.lease_ms, self.limits)
         policy = config.tenant(request.tenant)
@@ -172,6 +183,7 @@ class LimiterOps:
                 self.keys.tenant_inflight(request.pool, request.tenant),
                 self.keys.tenant_budget(request.pool, request.tenant),
                 self.keys.permit(permit_id),
+                self.keys.kv_held(request.pool),
             ],
             [
                 permit_id,
@@ -186,6 +198,8 @@ class LimiterOps:
                 f"{request.tenant}|{request.estimated_input_tokens}|{request.max_output_tokens}",
                 self.limits.permit_retention_ms,
                 self.limits.in_flight_retry_cap_ms,
+                -1 if pool.kv_token_capacity is None else pool.kv_token_capacity,
+                kv_tokens,
             ],
             interpret,
         )
@@ -238,6 +252,7 @@ class LimiterOps:
                 wtokens,
                 wsum,
                 self.keys.tenant_budget(pool, tenant),
+                self.keys.kv_held(pool),
             ],
             [permit_id, outcome.value, input_tokens + output_tokens, self.limits.permit_retention_ms],
             interpret,

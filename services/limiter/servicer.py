@@ -23,6 +23,7 @@ from services.limiter.errors import (
     LimiterError,
     LimiterUnauthenticated,
     LimiterUnavailable,
+    NeverAdmittable,
     PermitNotFound,
     PermitNotHeld,
     RequestKeyConflict,
@@ -39,6 +40,7 @@ R = TypeVar("R")
 STATUS_BY_ERROR: dict[type[LimiterError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     UnknownPool: grpc.StatusCode.INVALID_ARGUMENT,
+    NeverAdmittable: grpc.StatusCode.INVALID_ARGUMENT,
     PermitNotFound: grpc.StatusCode.NOT_FOUND,
     PermitNotHeld: grpc.StatusCode.FAILED_PRECONDITION,
     RequestKeyConflict: grpc.StatusCode.ALREADY_EXISTS,

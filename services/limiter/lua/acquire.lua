@@ -9,6 +9,8 @@
 -- KEYS[7] tbudget    hash    {day, used}                      this tenant's tokens in the pool today
 -- KEYS[8] permit     hash    the permit record; also the request_key's idempotency record,
 --                            because the permit id is derived from the request_key
+-- KEYS[9] kvheld     hash    permit_id -> KV tokens held      a local pool's in-flight context
+--                            tokens; an entry counts while its lease in KEYS[1] is live
 -- ARGV[1]  permit_id
 -- ARGV[2]  tokens to reserve (estimated input + max output)
 -- ARGV[3]  lease_ms
@@ -21,6 +23,8 @@
 -- ARGV[10] fingerprint of the request (tenant and token figures), to catch a reused request_key
 -- ARGV[11] retention_ms: how long the permit record outlives its lease
 -- ARGV[12] cap (ms) on the retry hint of an in-flight denial
+-- ARGV[13] KV token capacity of a local pool (-1: the pool has no such dimension)
+-- ARGV[14] KV tokens this request holds while in flight (prompt + max output, in whole blocks)
 --
 -- Returns one of
 --   {'granted',  permit_id, lease_expires_ms, pool_in_flight_after, now_ms}
@@ -28,6 +32,7 @@
 --   {'conflict', now_ms}                                        same request_key, other figures
 --   {'denied',   reason, retry_after_ms, now_ms}                reason: RPM TPM IN_FLIGHT
 --                                                               TENANT_IN_FLIGHT TENANT_BUDGET COOLDOWN
+--                                                               KV_TOKENS
 -- The time is Redis's own (TIME), never the caller's clock.
 
 local t = redis.call('TIME')
@@ -44,6 +49,8 @@ local tenant_max = tonumber(ARGV[8])
 local budget = tonumber(ARGV[9])
 local retention_ms = tonumber(ARGV[11])
 local in_flight_hint_cap = tonumber(ARGV[12])
+local kv_capacity = tonumber(ARGV[13])
+local kv_tokens = tonumber(ARGV[14])
 
 -- A retried RPC: the permit for this request_key already exists.
 if redis.call('EXISTS', KEYS[8]) == 1 then
@@ -61,6 +68,23 @@ end
 
 -- Expired leases free their slots with no client action.
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+-- A local pool's KV tokens count only for live leases: an entry whose lease expired (or was
+-- swept by another script) is dropped here. Bounded by the pool's max_in_flight.
+local kv_used = 0
+local kv_soonest = nil
+if kv_capacity >= 0 then
+  local held = redis.call('HGETALL', KEYS[9])
+  for i = 1, #held, 2 do
+    local lease = redis.call('ZSCORE', KEYS[1], held[i])
+    if lease then
+      kv_used = kv_used + tonumber(held[i + 1])
+      lease = tonumber(lease)
+      if kv_soonest == nil or lease < kv_soonest then kv_soonest = lease end
+    else
+      redis.call('HDEL', KEYS[9], held[i])
+    end
+  end
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
 
 -- Requests older than the window leave it, taking their tokens with them.
@@ -149,6 +173,11 @@ if in_flight >= max_in_flight then
   deny('IN_FLIGHT', math.min(tonumber(first[2]) - now, in_flight_hint_cap))
 end
 
+if kv_capacity >= 0 and kv_used + kv_tokens > kv_capacity then
+  -- A release frees KV at any moment; the soonest lease expiry is the latest it must free.
+  deny('KV_TOKENS', math.min((kv_soonest or now) - now, in_flight_hint_cap))
+end
+
 if tenant_max >= 0 then
   local held = redis.call('ZCARD', KEYS[6])
   if held >= tenant_max then
@@ -173,6 +202,10 @@ redis.call('ZADD', KEYS[1], expires, pid)
 extend_to(KEYS[1], expires)
 redis.call('ZADD', KEYS[6], expires, pid)
 extend_to(KEYS[6], expires)
+if kv_capacity >= 0 then
+  -- No TTL: a renewed lease outlives any expiry set here; stale entries are pruned above.
+  redis.call('HSET', KEYS[9], pid, kv_tokens)
+end
 redis.call('ZADD', KEYS[2], now, pid)
 redis.call('HSET', KEYS[3], pid, tokens)
 redis.call('INCRBY', KEYS[4], tokens)

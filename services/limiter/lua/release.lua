@@ -7,6 +7,7 @@
 -- KEYS[5] wtokens    hash    tokens counted per request in the window
 -- KEYS[6] wsum       string  sum of wtokens
 -- KEYS[7] tbudget    hash    {day, used} of the permit's tenant in the pool
+-- KEYS[8] kvheld     hash    a local pool's in-flight context tokens (the permit's entry freed)
 -- ARGV[1] permit_id
 -- ARGV[2] outcome: COMPLETED (tokens corrected to the usage), NOT_SENT (request and tokens
 --         refunded), UNKNOWN (the whole reservation is kept; only the lease is freed)
@@ -33,6 +34,7 @@ local reserved = tonumber(rec[3])
 
 redis.call('ZREM', KEYS[2], pid)
 redis.call('ZREM', KEYS[3], pid)
+redis.call('HDEL', KEYS[8], pid)
 
 local actual = reserved
 if outcome == 'COMPLETED' then

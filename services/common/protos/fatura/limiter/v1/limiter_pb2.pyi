@@ -40,6 +40,8 @@ class _DenyReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DenyReason
     DENY_REASON_TENANT_IN_FLIGHT: _DenyReason.ValueType  # 4
     DENY_REASON_TENANT_BUDGET: _DenyReason.ValueType  # 5
     DENY_REASON_COOLDOWN: _DenyReason.ValueType  # 6
+    DENY_REASON_KV_TOKENS: _DenyReason.ValueType  # 7
+    """A local pool's in-flight context tokens (prompt + max output: the KV cache the requests hold)."""
 
 class DenyReason(_DenyReason, metaclass=_DenyReasonEnumTypeWrapper): ...
 
@@ -50,6 +52,8 @@ DENY_REASON_IN_FLIGHT: DenyReason.ValueType  # 3
 DENY_REASON_TENANT_IN_FLIGHT: DenyReason.ValueType  # 4
 DENY_REASON_TENANT_BUDGET: DenyReason.ValueType  # 5
 DENY_REASON_COOLDOWN: DenyReason.ValueType  # 6
+DENY_REASON_KV_TOKENS: DenyReason.ValueType  # 7
+"""A local pool's in-flight context tokens (prompt + max output: the KV cache the requests hold)."""
 Global___DenyReason: _TypeAlias = DenyReason  # noqa: Y015
 
 class _Outcome:

@@ -1,0 +1,126 @@
+"""A local pool's admission unit is in-flight context tokens (prompt + max output: the KV cache a
+request holds), checked in the same script as every other dimension. Runs the operations on the
+real Redis (db 14), without the gRPC server."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from services.limiter.config import ConfigError, parse_config
+from services.limiter.errors import NeverAdmittable
+from services.limiter.model import AcquireRequest, Denial, DenyReason, Grant, Outcome
+from services.limiter.operations import KeyLayout, LimiterOps, ServerLimits
+from services.limiter.store import RedisStore
+from tests.limiter.conftest import SHARED_REDIS_URL, delete_prefix
+
+CONFIG = parse_config(
+    """
+[pools.gpu]
+kind = "local"
+rpm = 100000
+tpm = 100000000
+max_in_flight = 64
+kv_blocks = 1000
+block_size = 16
+
+[pools.hosted]
+rpm = 100000
+tpm = 100000000
+max_in_flight = 2
+"""
+)
+
+
+@pytest.fixture
+def ops() -> Iterator[tuple[LimiterOps, RedisStore]]:
+    prefix = f"kvtest-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(SHARED_REDIS_URL)
+    store = RedisStore(client)
+    yield LimiterOps(lambda: CONFIG, ServerLimits(max_tokens=1_000_000), KeyLayout(prefix)), store
+    store.close()
+    delete_prefix(SHARED_REDIS_URL, prefix)
+
+
+def ask(pool: str, prompt: int, output: int, key: str, lease_ms: int = 0) -> AcquireRequest:
+    return AcquireRequest(pool, "acme", prompt, output, lease_ms, key)
+
+
+def test_a_local_pool_needs_a_kv_capacity_and_a_hosted_pool_refuses_one() -> None:
+    assert CONFIG.pool("gpu").kv_token_capacity == 16_000
+    assert CONFIG.pool("hosted").kv_token_capacity is None
+    with pytest.raises(ConfigError, match="kv_token_capacity or kv_blocks"):
+        parse_config('[pools.x]\nkind = "local"\nrpm = 1\ntpm = 1\nmax_in_flight = 1\n')
+    with pytest.raises(ConfigError, match="need kind = 'local'"):
+        parse_config("[pools.x]\nrpm = 1\ntpm = 1\nmax_in_flight = 1\nkv_token_capacity = 5\n")
+    with pytest.raises(ConfigError, match="kv_blocks needs block_size"):
+        parse_config('[pools.x]\nkind = "local"\nrpm = 1\ntpm = 1\nmax_in_flight = 1\nkv_blocks = 5\n')
+    budget = parse_config(
+        '[pools.x]\nkind = "local"\nrpm = 1\ntpm = 1\nmax_in_flight = 1\nkv_token_capacity = 5\n'
+    )
+    assert budget.pool("x").kv_token_capacity == 5
+
+
+def test_a_long_document_costs_more_than_a_short_one(ops: tuple[LimiterOps, RedisStore]) -> None:
+    """Given 16,000 KV tokens, when a 12,000-token document is in flight, then a 4,000-token one
+    still fits, a second long one is denied for KV_TOKENS, and releasing the first admits it."""
+    limiter, store = ops
+    long_one = store.execute(limiter.acquire(ask("gpu", 11_000, 1_000, "long-1")))
+    assert isinstance(long_one, Grant)
+    assert isinstance(store.execute(limiter.acquire(ask("gpu", 3_000, 1_000, "short-1"))), Grant)
+    denied = store.execute(limiter.acquire(ask("gpu", 11_000, 1_000, "long-2")))
+    assert isinstance(denied, Denial)
+    assert denied.reason is DenyReason.KV_TOKENS
+    assert denied.retry_after_ms >= 1
+    store.execute(limiter.release(long_one.permit_id, Outcome.COMPLETED, 11_000, 700))
+    assert isinstance(store.execute(limiter.acquire(ask("gpu", 11_000, 1_000, "long-2"))), Grant)
+
+
+def test_a_reservation_is_rounded_up_to_whole_blocks(ops: tuple[LimiterOps, RedisStore]) -> None:
+    """999 blocks of 16 tokens taken by one request of 15,984 tokens; one more token is a block."""
+    limiter, store = ops
+    assert isinstance(store.execute(limiter.acquire(ask("gpu", 15_000, 984, "a"))), Grant)
+    assert isinstance(store.execute(limiter.acquire(ask("gpu", 15, 1, "b"))), Grant)  # the last block
+    denied = store.execute(limiter.acquire(ask("gpu", 1, 0, "c")))
+    assert isinstance(denied, Denial) and denied.reason is DenyReason.KV_TOKENS
+
+
+def test_an_expired_lease_gives_its_kv_tokens_back(ops: tuple[LimiterOps, RedisStore]) -> None:
+    limiter, store = ops
+    assert isinstance(store.execute(limiter.acquire(ask("gpu", 15_000, 1_000, "dead", lease_ms=200))), Grant)
+    denied = store.execute(limiter.acquire(ask("gpu", 1_000, 0, "next")))
+    assert isinstance(denied, Denial) and denied.reason is DenyReason.KV_TOKENS
+    assert denied.retry_after_ms <= 200
+    time.sleep(0.25)
+    assert isinstance(store.execute(limiter.acquire(ask("gpu", 1_000, 0, "next-2"))), Grant)
+
+
+def test_a_request_bigger_than_the_kv_cache_is_never_admittable(ops: tuple[LimiterOps, RedisStore]) -> None:
+    limiter, _ = ops
+    with pytest.raises(NeverAdmittable, match="can never fit local pool 'gpu'"):
+        limiter.acquire(ask("gpu", 80_000, 2_000, "huge"))
+
+
+def test_a_denied_dimension_takes_no_kv_tokens(ops: tuple[LimiterOps, RedisStore]) -> None:
+    """All or nothing: a request denied by the tenant or in-flight cap holds no KV either."""
+    limiter, store = ops
+    keys = limiter.keys
+    assert isinstance(store.execute(limiter.acquire(ask("gpu", 100, 100, "one"))), Grant)
+    client = redis.Redis.from_url(SHARED_REDIS_URL)
+    assert client.hlen(keys.kv_held("gpu")) == 1
+    store.execute(limiter.report_throttle("gpu", 5_000))
+    denied = store.execute(limiter.acquire(ask("gpu", 100, 100, "two")))
+    assert isinstance(denied, Denial) and denied.reason is DenyReason.COOLDOWN
+    assert client.hlen(keys.kv_held("gpu")) == 1
+
+
+def test_a_hosted_pool_still_counts_requests_not_tokens(ops: tuple[LimiterOps, RedisStore]) -> None:
+    limiter, store = ops
+    assert isinstance(store.execute(limiter.acquire(ask("hosted", 90_000, 1_000, "h1"))), Grant)
+    assert isinstance(store.execute(limiter.acquire(ask("hosted", 90_000, 1_000, "h2"))), Grant)
+    denied = store.execute(limiter.acquire(ask("hosted", 10, 10, "h3")))
+    assert isinstance(denied, Denial) and denied.reason is DenyReason.IN_FLIGHT
