@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from services.sandbox.provider import faults as fault_modes
 from services.sandbox.provider import wire
+from services.sandbox.provider.engine import EngineRunner
 from services.sandbox.provider.extract import extract
 from services.sandbox.provider.faults import Fault, FaultBoard
 from services.sandbox.provider.limits import Limits, Stats
@@ -44,10 +45,14 @@ class Simulator:
     stats: Stats = field(default_factory=Stats)
     faults: FaultBoard = field(default_factory=FaultBoard)
     rng: random.Random = field(default_factory=random.Random)
+    engine: EngineRunner | None = None  # the ``vllm`` mode's engine: answers wait for it
 
     @classmethod
     def from_settings(cls, settings: ProviderSettings) -> Simulator:
-        return cls(settings, Limits(settings.rpm, settings.tpm, settings.concurrency))
+        sim = cls(settings, Limits(settings.rpm, settings.tpm, settings.concurrency))
+        if settings.mode == "vllm":
+            sim.engine = EngineRunner(settings.engine, settings.models[0], sim.stats.registry)
+        return sim
 
     def latency_s(self) -> float:
         mean = self.settings.latency_ms / 1000.0
@@ -136,11 +141,25 @@ async def chat_completions(request: Request) -> Response:
             denial.message, "tokens" if denial.limit == "tpm" else "requests", "rate_limit_exceeded"
         )
         return error(429, body, {"Retry-After": str(denial.retry_after_s)})
+    if sim.engine is not None and not sim.engine.can_ever_fit(
+        prompt_tokens, chat.max_tokens or completion_tokens
+    ):
+        sim.release()
+        sim.stats.count("too_long")
+        message = (
+            f"This model's KV cache holds {sim.settings.engine.kv_tokens} tokens; the request needs"
+            f" {prompt_tokens} prompt tokens and up to {chat.max_tokens or completion_tokens} output tokens."
+        )
+        return error(400, wire.error_body(message, "invalid_request_error", None))
     sim.stats.in_flight(sim.limits.in_flight)
     sim.stats.count("ok" if fault is None else f"fault_{fault.mode}")
     answer = _Answer(chat, content, finish, prompt_tokens, completion_tokens, fault)
     try:
-        wait = answer.fault_delay("hang_before_headers") or sim.latency_s()
+        if sim.engine is not None:
+            await sim.engine.generate(prompt_tokens, completion_tokens)
+            wait = answer.fault_delay("hang_before_headers")
+        else:
+            wait = answer.fault_delay("hang_before_headers") or sim.latency_s()
         if wait > 0 and not await _sleep_unless_gone(request, wait):
             sim.release()
             return Response(status_code=499)  # nobody is listening any more
