@@ -123,3 +123,12 @@ def test_the_vllm_mode_answers_through_the_engine_and_serves_vllms_metric_names(
         "vllm:inter_token_latency_seconds_bucket",
     ):
         assert name in metrics, name
+
+
+def test_two_long_prompts_prefilled_in_chunks_never_hold_the_cache_forever() -> None:
+    engine = Engine(EngineConfig(kv_blocks=100, block_size=16, max_num_batched_tokens=512))
+    first = engine.add(1_400, 20, 0.0)
+    second = engine.add(1_400, 20, 0.0)
+    run(engine, until=100.0)
+    assert engine.idle() and first.finished_at is not None and second.finished_at is not None
+    assert first.preemptions == 0 and second.preemptions >= 1

@@ -101,6 +101,16 @@ class Engine:
         seq.computed += tokens
         return True
 
+    def _make_room(self, seq: Sequence, tokens: int, preempted: list[Sequence]) -> bool:
+        """Grow ``seq``, preempting the newest running sequences until it fits (or is preempted)."""
+        while not self._grow(seq, tokens):
+            victim = self.running[-1]
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
     def _preempt(self, seq: Sequence) -> None:
         """Recompute: free every block; the sequence waits at the head of the queue."""
         self.running.remove(seq)
@@ -124,22 +134,17 @@ class Engine:
         for seq in list(self.running):
             if seq not in self.running or seq.prefilling or budget <= 0:
                 continue
-            while not self._grow(seq, 1):
-                victim = self.running[-1]
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is seq:
-                    break
-            if seq in self.running:
+            if self._make_room(seq, 1, preempted):
                 decoding.append(seq)
                 budget -= 1
-        # Then the prefill chunks of running sequences, then new admissions, within the budget.
+        # Then the prefill chunks of running sequences (a chunk that finds no free block preempts
+        # too, or two half-prefilled prompts could hold the cache forever), then new admissions.
         for seq in list(self.running):
             if budget <= 0:
                 break
-            if seq.prefilling:
+            if seq in self.running and seq.prefilling:
                 chunk = min(budget, seq.context - seq.computed)
-                if self._grow(seq, chunk):
+                if self._make_room(seq, chunk, preempted):
                     prefill_tokens += chunk
                     budget -= chunk
                     if seq.computed == seq.context:
