@@ -8,6 +8,10 @@ and SUCCEEDED (the unit of work, as the workers write them), and notes when each
 An event's lag on a stream is the time from that commit to the read that brought the event to the
 subscriber. Every stream must receive every event of the tenant, once, in seq order.
 
+Watch phase (``--watch``, on by default): the same, over gRPC: the ``jobs-grpc`` process, its own
+event feed, N ``JobService.Watch`` streams of the tenant from client processes
+(``bench/watch_clients.py``), the same writes on the same schedule, the same lag, order and memory.
+
 Ceiling phase: the same writes on the same schedule, but each commit is handed at once to a bare
 asyncio server that writes frames of the same size to every one of N connections, batched per 10 ms:
 what pushing committed events to N sockets costs on this machine with nothing of the edge in the way
@@ -36,9 +40,11 @@ from bench.ceiling import accept_one
 from bench.resources import add_database_argument
 from bench.sse_clients import BareServer, Clients, Target, rss_bytes
 from bench.stack import Stack
+from bench.watch_clients import WatchClients, WatchTarget
 from services.common import events as event_types
 from services.common import states
 from services.common.db import SyncPool, sync_pool
+from services.common.procs import free_port
 from services.common.uow import JobChange, unit_of_work
 from services.sandbox.samples import load_samples
 
@@ -58,6 +64,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--client-processes", type=int, default=2, help="processes holding the streams")
     p.add_argument("--writers", type=int, default=8, help="writer threads (default 8)")
     p.add_argument("--poll", type=float, default=0.0, help="FATURA_EVENT_POLL_SECONDS (default: the edge's)")
+    p.add_argument(
+        "--watch",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the same over gRPC JobService.Watch",
+    )
     p.add_argument(
         "--ceiling", action=argparse.BooleanOptionalAction, default=True, help="run the bare fan-out"
     )
@@ -176,7 +188,7 @@ class Run:
 
 def _measure(
     name: str,
-    target: Target,
+    target: Target | WatchTarget,
     server_pids: Callable[[], set[int]],
     writer: Writer,
     publish: Callable[[int, int, uuid.UUID], None],
@@ -187,7 +199,8 @@ def _measure(
     """Open the streams, write the jobs, wait until every stream has every event; returns the
     streams, the schedule's start, the time the last event arrived, the server's memory and CPU."""
     rss_before = rss_bytes(server_pids())
-    clients = Clients.start(target, args.subscribers, args.client_processes)
+    start_clients = WatchClients.start if isinstance(target, WatchTarget) else Clients.start
+    clients = start_clients(target, args.subscribers, args.client_processes)
     clients.wait_ready(args.subscribers, timeout=120)
     time.sleep(1.0)
     rss_open = rss_bytes(server_pids())
@@ -300,11 +313,50 @@ def edge_phase(
         "edge",
     )
     stack.stop(edge)
+    return _summarize("edge", _tenant_run(stack, tenant_id, writer, streams, start, last, rss, seconds))
+
+
+def watch_phase(
+    stack: Stack, args: argparse.Namespace, writer_pool: SyncPool
+) -> tuple[Phase, np.ndarray, np.ndarray]:
+    tenant_id, api_key = stack.make_tenant("bench-watch", max_in_flight=100_000)
+    env = {"FATURA_EVENT_POLL_SECONDS": str(args.poll)} if args.poll else {}
+    port = free_port()
+    server = stack.start_metered(
+        "jobs-grpc", "FATURA_JOBS_GRPC_METRICS_PORT", FATURA_JOBS_GRPC_PORT=str(port), **env
+    ).wait_ready()
+    time.sleep(1.0)
+    writer = Writer(writer_pool, tenant_id, args.jobs, args.rate, args.writers)
+    streams, start, last, rss, seconds = _measure(
+        "watch",
+        WatchTarget(f"127.0.0.1:{port}", api_key),
+        lambda: {server.pid},
+        writer,
+        lambda i, step, job: None,
+        args,
+        stack.database,
+        "jobs-grpc",
+    )
+    stack.stop(server)
+    return _summarize("watch", _tenant_run(stack, tenant_id, writer, streams, start, last, rss, seconds))
+
+
+def _tenant_run(
+    stack: Stack,
+    tenant_id: uuid.UUID,
+    writer: Writer,
+    streams: Streams,
+    start: float,
+    last: float,
+    rss: tuple[int, int, int],
+    seconds: dict[str, float],
+) -> Run:
+    """What a phase through the real feed measured: every stream must hold the tenant's events."""
     with psycopg.connect(stack.database_url) as conn:
         rows = conn.execute(TENANT_EVENTS, (tenant_id,)).fetchall()
     index = {job: i for i, job in enumerate(writer.job_ids)}
     key = {int(seq): (index[job], version - 1) for seq, job, version in rows}
-    run = Run(
+    return Run(
         streams=streams,
         expected=[int(r[0]) for r in rows],
         commit_of={seq: writer.commits[k] for seq, k in key.items()},
@@ -314,7 +366,6 @@ def edge_phase(
         rss=rss,
         seconds=seconds,
     )
-    return _summarize("edge", run)
 
 
 def ceiling_phase(
@@ -391,7 +442,8 @@ def _chart(series: list[tuple[Phase, np.ndarray, np.ndarray]], args: argparse.Na
     lag_ax.legend()
     names = [p.name for p, _, _ in series]
     values = [p.memory_per_subscriber_kib for p, _, _ in series]
-    mem_ax.bar(names, values, color=["#3b7dd8", "#999999"][: len(names)])
+    colors = {"edge": "#3b7dd8", "watch": "#e07b39"}
+    mem_ax.bar(names, values, color=[colors.get(name, "#999999") for name in names])
     mem_ax.set(ylabel="KiB per open stream")
     mem_ax.set_title("Server memory per stream")
     for x, v in enumerate(values):
@@ -403,8 +455,9 @@ def _chart(series: list[tuple[Phase, np.ndarray, np.ndarray]], args: argparse.Na
 def run(args: argparse.Namespace) -> int:
     report.header(
         "events",
-        f"{args.subscribers} SSE streams, {args.jobs} jobs x 3 events at {args.rate:g} jobs/s, edge with "
-        f"{args.http_workers} workers, {args.client_processes} client processes",
+        f"{args.subscribers} SSE streams{' (then as many Watch streams)' if args.watch else ''}, "
+        f"{args.jobs} jobs x 3 events at {args.rate:g} jobs/s, edge with {args.http_workers} workers, "
+        f"{args.client_processes} client processes",
     )
     with Stack("events", args.database) as stack:
         writer_pool = sync_pool(
@@ -413,6 +466,8 @@ def run(args: argparse.Namespace) -> int:
         writer_pool.open()
         try:
             series = [edge_phase(stack, args, writer_pool)]
+            if args.watch:
+                series.append(watch_phase(stack, args, writer_pool))
             if args.ceiling:
                 series.append(ceiling_phase(stack, args, writer_pool))
         finally:
@@ -429,8 +484,24 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     print(f"edge: {verdict}; load average {report.load_average()} on {os.cpu_count()} CPUs")
-    if len(phases) > 1:
-        bare = phases[1]
+    watch = next((p for p in phases if p.name == "watch"), None)
+    if watch is not None:
+        complete = not (watch.missing or watch.out_of_order)
+        print(
+            "watch: "
+            + (
+                "every stream got every event once, in order"
+                if complete
+                else f"{watch.missing} deliveries missing, {watch.out_of_order} streams not exactly the "
+                "tenant's events in order"
+            )
+            + f"; p99 lag {watch.lag_p99_ms:.1f} ms (edge {edge.lag_p99_ms:.1f} ms), in a typical second "
+            f"{watch.lag_p99_ms_typical_second:.1f} ms (edge {edge.lag_p99_ms_typical_second:.1f} ms); "
+            f"memory per stream {watch.memory_per_subscriber_kib:.1f} KiB (edge "
+            f"{edge.memory_per_subscriber_kib:.1f} KiB)"
+        )
+    bare = next((p for p in phases if p.name == "bare fan-out"), None)
+    if bare is not None:
         print(
             f"p99 lag: edge {edge.lag_p99_ms:.1f} ms, bare fan-out {bare.lag_p99_ms:.1f} ms "
             f"(ceiling / edge = {bare.lag_p99_ms / edge.lag_p99_ms:.2f}); in a typical second: edge "
@@ -445,4 +516,4 @@ def run(args: argparse.Namespace) -> int:
     }
     numbers["args"]["out"] = str(args.out)
     report.save(args.out, _chart(series, args), numbers)
-    return 0 if not (edge.missing or edge.out_of_order) else 1
+    return 0 if not any(p.missing or p.out_of_order for p in phases if p.name != "bare fan-out") else 1

@@ -58,7 +58,7 @@ def client_process(
             grpc.aio.insecure_channel(target.address, options=[("grpc.use_local_subchannel_pool", 1)])
             for _ in range(max(1, math.ceil(streams / STREAMS_PER_CHANNEL)))
         ]
-        watches = [c.unary_stream(WATCH, response_deserializer=pb.WatchEvent.FromString) for c in channels]
+        watches = [c.unary_stream(WATCH, response_deserializer=pb.WatchResponse.FromString) for c in channels]
         request = pb.WatchRequest().SerializeToString()
         metadata = (("authorization", f"Bearer {target.api_key}"),)
         opened = [_Stream() for _ in range(streams)]
@@ -66,17 +66,21 @@ def client_process(
 
         async def read(stream: _Stream, call: Any) -> None:
             try:
-                async for event in call:
-                    kind = event.WhichOneof("event")
-                    if kind == "job_event":
-                        stream.seqs.append(event.job_event.seq)
-                        stream.times.append(time.monotonic())
+                async for response in call:
+                    now, count = time.monotonic(), 0
+                    for event in response.events:
+                        kind = event.WhichOneof("event")
+                        if kind == "job_event":
+                            stream.seqs.append(event.job_event.seq)
+                            stream.times.append(now)
+                            count += 1
+                        elif kind == "snapshot" and not stream.status:
+                            stream.status = 200
+                            with ready.get_lock():
+                                ready.value += 1
+                    if count:
                         with received.get_lock():
-                            received.value += 1
-                    elif kind == "snapshot" and not stream.status:
-                        stream.status = 200
-                        with ready.get_lock():
-                            ready.value += 1
+                            received.value += count
             except grpc.aio.AioRpcError as error:
                 if not stream.status:
                     stream.status = 1000 + error.code().value[0]

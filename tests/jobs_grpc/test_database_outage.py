@@ -45,6 +45,18 @@ def proxy() -> Iterator[FaultProxy]:
     pg.close()
 
 
+def _refused_soon(call: Callable[[], object], tries: int = 3) -> grpc.RpcError:
+    """The error of the first of a few calls half a second apart that fails. A connection the pool
+    opened in the very instant of the cut has been seen to carry one more call (rarely)."""
+    for _ in range(tries - 1):
+        try:
+            call()
+        except grpc.RpcError as error:
+            return error
+        time.sleep(0.5)
+    return refusal(call)
+
+
 def _eventually(check: Callable[[], bool], what: str, timeout: float) -> float:
     started = time.monotonic()
     while not check():
@@ -74,12 +86,13 @@ def test_calls_answer_unavailable_while_the_database_is_away_and_work_again_afte
             return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
 
         stream = stub.Watch(pb.WatchRequest(), metadata=key_of(tenant))
-        assert next(stream).WhichOneof("event") == "snapshot"
+        events = (event for response in stream for event in response.events)
+        assert next(events).WhichOneof("event") == "snapshot"
         stub.Submit(submit_request(f"before-{uuid.uuid4()}"), metadata=key_of(tenant), timeout=15)
-        assert next(stream).job_event.state == pb.JOB_STATE_READY
+        assert next(events).job_event.state == pb.JOB_STATE_READY
 
         proxy.cut(CUT_SECONDS)
-        error = refusal(
+        error = _refused_soon(
             lambda: stub.Submit(submit_request(f"during-{uuid.uuid4()}"), metadata=key_of(tenant), timeout=15)
         )
         assert error.code() == grpc.StatusCode.UNAVAILABLE
@@ -95,7 +108,7 @@ def test_calls_answer_unavailable_while_the_database_is_away_and_work_again_afte
         assert status(ready_url) == 200
         after = stub.Submit(submit_request(f"after-{uuid.uuid4()}"), metadata=key_of(tenant), timeout=15)
         # The stream opened before the cut stays open and sees the job submitted after it
-        event = next(stream).job_event
+        event = next(events).job_event
         stream.cancel()
     assert (event.job_id, event.state) == (after.job_id, pb.JOB_STATE_READY)
     assert server.process.alive()

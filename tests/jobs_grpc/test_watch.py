@@ -41,20 +41,28 @@ def watch_server(spawn: SpawnFn) -> JobsGrpc:
     return start_jobs_grpc(spawn, **FAST)
 
 
+HEARTBEAT = "heartbeat"
+
+
 class Stream:
     """A Watch call read on a thread, so a test can wait for the next event with a timeout."""
 
     def __init__(self, call: Any) -> None:
         self.call = call
-        self.events: queue.Queue[pb.WatchEvent | grpc.RpcError | None] = queue.Queue()
+        self.events: queue.Queue[pb.WatchEvent | grpc.RpcError | str | None] = queue.Queue()
         self.heartbeats = 0
+        self.responses = 0
         self.error: grpc.RpcError | None = None
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         try:
-            for event in self.call:
-                self.events.put(event)
+            for response in self.call:
+                self.responses += 1
+                for event in response.events:
+                    self.events.put(event)
+                if not response.events:
+                    self.events.put(HEARTBEAT)
         except grpc.RpcError as error:
             self.events.put(error)
             return
@@ -73,9 +81,10 @@ class Stream:
                 raise item
             if item is None:
                 raise EOFError("the stream ended with OK")
-            if item.WhichOneof("event") == "heartbeat":
+            if item == HEARTBEAT:
                 self.heartbeats += 1
                 continue
+            assert isinstance(item, pb.WatchEvent)
             return item
 
     def take(self, count: int, timeout: float = 10.0) -> list[pb.WatchEvent]:

@@ -18,7 +18,7 @@ from services.acceptance import schemas, views
 from services.acceptance.batches import BatchParser
 from services.acceptance.batches import schemas as batch_schemas
 from services.acceptance.batches import views as batch_views
-from services.acceptance.jobs_grpc import messages, status
+from services.acceptance.jobs_grpc import messages, status, watch
 from services.acceptance.jobs_grpc.servicer import as_api_error
 from services.acceptance.requests import DocumentBody, RequestParser
 from services.acceptance.settings import AcceptanceSettings
@@ -354,3 +354,13 @@ def test_a_transient_failure_is_unavailable_with_a_delay_and_anything_else_is_in
     unexpected = as_api_error(ValueError("a bug, with words that stay in the log"))
     assert status.grpc_code(unexpected) == grpc.StatusCode.INTERNAL
     assert "bug" not in unexpected.message
+
+
+def test_a_watch_response_is_its_events_entries_joined() -> None:
+    first = pb.WatchEvent(job_event=pb.JobEvent(seq=7, job_id="a", state=pb.JOB_STATE_RUNNING))
+    second = pb.WatchEvent(end=pb.StreamEnd(reason="shutdown", message="x" * 300))  # a 2-byte length
+
+    joined = watch.entry(first) + watch.entry(second)
+
+    assert pb.WatchResponse.FromString(joined) == pb.WatchResponse(events=[first, second])
+    assert pb.WatchResponse.FromString(watch.HEARTBEAT).events == []

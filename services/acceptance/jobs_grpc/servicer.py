@@ -209,10 +209,10 @@ class JobServicer(pb_grpc.JobServiceServicer):
 
         return await self._handle("ListBatchItems", context, call)
 
-    async def Watch(  # type: ignore[override]  # yields WatchEvents already encoded
+    async def Watch(  # type: ignore[override]  # yields WatchResponses already encoded
         self, request: pb.WatchRequest, context: Any
     ) -> AsyncIterator[bytes]:
-        # Yields encoded WatchEvents (each job event encoded once for every stream of the process).
+        # Yields encoded WatchResponses (each job event encoded once for every stream of the process).
         # A stream the client leaves is cancelled; one the server ends raises after its end event.
         started = time.perf_counter()
         try:

@@ -1,9 +1,11 @@
 """The JobService's ``Watch``: a stream of the process's event feed (``services/acceptance/feed.py``),
 the same feed, subscriptions and revocation watch (``KeyWatch``) as the edge's server-sent events.
 
-Each job event is encoded once for every stream of the process (as the feed encodes its JSON once
-for SSE). A stream the server ends sends its ``end`` event and then closes with the status of a
-typed error: a revoked key ``UNAUTHENTICATED``, a shutdown ``UNAVAILABLE``.
+A response carries the events the feed handed the stream together (one write per batch, as SSE
+writes one chunk), and each job event is encoded once for every stream of the process (as the feed
+encodes its JSON once for SSE): a response is the concatenation of its events' encoded entries. A
+stream the server ends sends its ``end`` event and then closes with the status of a typed error: a
+revoked key ``UNAUTHENTICATED``, a shutdown ``UNAVAILABLE``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ from services.common.api.keywatch import KeyWatch
 from services.common.ids import parse_uuid
 from services.common.protos.fatura.jobs.v1 import jobs_pb2 as pb
 
-HEARTBEAT = pb.WatchEvent(heartbeat=pb.Heartbeat()).SerializeToString()
+# A response without events.
+HEARTBEAT = pb.WatchResponse().SerializeToString()
+# WatchResponse.events is field 1, length-delimited: an entry is this tag, the length, the event.
+_EVENTS_TAG = b"\x0a"
 REVOKED = "The API key of this stream has been revoked; the stream is closed. Use a valid key."
 # Encoded job events kept for the other streams of the process (by seq).
 _ENCODED = 10_000
@@ -76,6 +81,21 @@ def snapshot(item: Snapshot) -> pb.WatchEvent:
     )
 
 
+def entry(event: pb.WatchEvent) -> bytes:
+    """``event`` encoded as one entry of ``WatchResponse.events``: responses are their entries joined."""
+    data = event.SerializeToString()
+    return _EVENTS_TAG + _varint(len(data)) + data
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def ended(end: End) -> ApiError:
     """The status a stream closes with after its ``end`` event."""
     if end.reason == "key_revoked":
@@ -95,19 +115,20 @@ class Watcher:
         self._encoded: OrderedDict[int, bytes] = OrderedDict()
 
     def encode(self, item: FeedItem) -> bytes:
+        """The item as an entry of ``WatchResponse.events``; a job event's is made once."""
         if isinstance(item, JobEvent):
             cached = self._encoded.get(item.seq)
             if cached is None:
-                cached = self._encoded[item.seq] = job_event(item).SerializeToString()
+                cached = self._encoded[item.seq] = entry(job_event(item))
                 if len(self._encoded) > _ENCODED:
                     self._encoded.popitem(last=False)
             return cached
         if isinstance(item, Snapshot):
-            return snapshot(item).SerializeToString()
-        return pb.WatchEvent(end=pb.StreamEnd(reason=item.reason, message=item.message)).SerializeToString()
+            return entry(snapshot(item))
+        return entry(pb.WatchEvent(end=pb.StreamEnd(reason=item.reason, message=item.message)))
 
     async def stream(self, key: Principal, request: pb.WatchRequest) -> AsyncIterator[bytes]:
-        """The encoded events of one stream. Raises a typed error before the first one when the
+        """The encoded responses of one stream. Raises a typed error before the first one when the
         request is refused (another tenant's job, a bad cursor, the feed not ready), and after the
         ``end`` event when the server ends the stream."""
         assert key.tenant is not None
@@ -127,11 +148,9 @@ class Watcher:
         unwatch = self._keys.watch(key.prefix, lambda: subscription.end("key_revoked", REVOKED))
         try:
             async for batch in subscription.batches(self._heartbeat):
+                yield b"".join(self.encode(item) for item in batch) if batch else HEARTBEAT
                 if not batch:
-                    yield HEARTBEAT
                     continue
-                for item in batch:
-                    yield self.encode(item)
                 last = batch[-1]
                 if isinstance(last, End):
                     raise ended(last)

@@ -1149,52 +1149,55 @@ class StreamEnd(_message.Message):
 Global___StreamEnd: _TypeAlias = StreamEnd  # noqa: Y015
 
 @_typing.final
-class Heartbeat(_message.Message):
-    """Sent after a quiet stretch, so a client (or a proxy) knows the stream is alive."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    def __init__(
-        self,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___Heartbeat: _TypeAlias = Heartbeat  # noqa: Y015
-
-@_typing.final
 class WatchEvent(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_EVENT_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     END_FIELD_NUMBER: _builtins.int
-    HEARTBEAT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def job_event(self) -> Global___JobEvent: ...
     @_builtins.property
     def snapshot(self) -> Global___Snapshot: ...
     @_builtins.property
     def end(self) -> Global___StreamEnd: ...
-    @_builtins.property
-    def heartbeat(self) -> Global___Heartbeat: ...
     def __init__(
         self,
         *,
         job_event: Global___JobEvent | None = ...,
         snapshot: Global___Snapshot | None = ...,
         end: Global___StreamEnd | None = ...,
-        heartbeat: Global___Heartbeat | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "event", b"event", "heartbeat", b"heartbeat", "job_event", b"job_event", "snapshot", b"snapshot"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "event", b"event", "job_event", b"job_event", "snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "event", b"event", "heartbeat", b"heartbeat", "job_event", b"job_event", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "event", b"event", "job_event", b"job_event", "snapshot", b"snapshot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["job_event", "snapshot", "end", "heartbeat"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["job_event", "snapshot", "end"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
 Global___WatchEvent: _TypeAlias = WatchEvent  # noqa: Y015
+
+@_typing.final
+class WatchResponse(_message.Message):
+    """The events that were ready together, in order. None: a heartbeat after a quiet stretch, so a
+    client (or a proxy) knows the stream is alive.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___WatchEvent]: ...
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___WatchEvent] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchResponse: _TypeAlias = WatchResponse  # noqa: Y015

@@ -74,7 +74,7 @@ class JobServiceStub:
         self.Watch = channel.unary_stream(
                 '/fatura.jobs.v1.JobService/Watch',
                 request_serializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.WatchRequest.SerializeToString,
-                response_deserializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.WatchEvent.FromString,
+                response_deserializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.WatchResponse.FromString,
                 _registered_method=True)
 
 
@@ -147,6 +147,8 @@ class JobServiceServicer:
         job's state_version never goes backwards on a stream. A heartbeat follows every quiet stretch.
         A key revoked while the stream is open ends it within seconds: an `end` event, then
         UNAUTHENTICATED; a server shutting down sends `end`, then UNAVAILABLE (resume with after_seq).
+        Events come in order, as many to a response as were ready together; a response without any
+        is a heartbeat.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -193,7 +195,7 @@ def add_JobServiceServicer_to_server(servicer, server):
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
                     request_deserializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.WatchRequest.FromString,
-                    response_serializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.WatchEvent.SerializeToString,
+                    response_serializer=services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.WatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -412,7 +414,7 @@ class JobService:
             target,
             '/fatura.jobs.v1.JobService/Watch',
             services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.WatchRequest.SerializeToString,
-            services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.WatchEvent.FromString,
+            services_dot_common_dot_protos_dot_fatura_dot_jobs_dot_v1_dot_jobs__pb2.WatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -74,7 +74,7 @@ class JobServiceStub:
     """A page of a batch's items in index order, with each finished item's result or error (HTTP:
     GET /v1/extraction-batches/{id}/items), readable while the batch runs.
     """
-    Watch: _grpc.UnaryStreamMultiCallable[_jobs_pb2.WatchRequest, _jobs_pb2.WatchEvent]
+    Watch: _grpc.UnaryStreamMultiCallable[_jobs_pb2.WatchRequest, _jobs_pb2.WatchResponse]
     """The tenant's job events as they happen (or one job's), in order, from the same feed as the
     HTTP API's server-sent events (GET /v1/events, GET /v1/extraction-jobs/{id}/events). Without
     after_seq the stream starts with a snapshot of the jobs; with the seq of the last event
@@ -82,6 +82,8 @@ class JobServiceStub:
     job's state_version never goes backwards on a stream. A heartbeat follows every quiet stretch.
     A key revoked while the stream is open ends it within seconds: an `end` event, then
     UNAUTHENTICATED; a server shutting down sends `end`, then UNAVAILABLE (resume with after_seq).
+    Events come in order, as many to a response as were ready together; a response without any
+    is a heartbeat.
     """
 
 @_typing.type_check_only
@@ -116,7 +118,7 @@ class JobServiceAsyncStub(JobServiceStub):
     """A page of a batch's items in index order, with each finished item's result or error (HTTP:
     GET /v1/extraction-batches/{id}/items), readable while the batch runs.
     """
-    Watch: _aio.UnaryStreamMultiCallable[_jobs_pb2.WatchRequest, _jobs_pb2.WatchEvent]  # type: ignore[assignment]
+    Watch: _aio.UnaryStreamMultiCallable[_jobs_pb2.WatchRequest, _jobs_pb2.WatchResponse]  # type: ignore[assignment]
     """The tenant's job events as they happen (or one job's), in order, from the same feed as the
     HTTP API's server-sent events (GET /v1/events, GET /v1/extraction-jobs/{id}/events). Without
     after_seq the stream starts with a snapshot of the jobs; with the seq of the last event
@@ -124,6 +126,8 @@ class JobServiceAsyncStub(JobServiceStub):
     job's state_version never goes backwards on a stream. A heartbeat follows every quiet stretch.
     A key revoked while the stream is open ends it within seconds: an `end` event, then
     UNAUTHENTICATED; a server shutting down sends `end`, then UNAVAILABLE (resume with after_seq).
+    Events come in order, as many to a response as were ready together; a response without any
+    is a heartbeat.
     """
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -203,7 +207,7 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _jobs_pb2.WatchRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_jobs_pb2.WatchEvent], _abc.AsyncIterator[_jobs_pb2.WatchEvent]]:
+    ) -> _typing.Union[_abc.Iterator[_jobs_pb2.WatchResponse], _abc.AsyncIterator[_jobs_pb2.WatchResponse]]:
         """The tenant's job events as they happen (or one job's), in order, from the same feed as the
         HTTP API's server-sent events (GET /v1/events, GET /v1/extraction-jobs/{id}/events). Without
         after_seq the stream starts with a snapshot of the jobs; with the seq of the last event
@@ -211,6 +215,8 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         job's state_version never goes backwards on a stream. A heartbeat follows every quiet stretch.
         A key revoked while the stream is open ends it within seconds: an `end` event, then
         UNAUTHENTICATED; a server shutting down sends `end`, then UNAVAILABLE (resume with after_seq).
+        Events come in order, as many to a response as were ready together; a response without any
+        is a heartbeat.
         """
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
