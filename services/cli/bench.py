@@ -25,6 +25,10 @@ BENCHMARKS = {
     "quota": ("bench.quota", "attempts/s against a rate-limited provider vs seed 000's capacity formula"),
     "events": ("bench.events", "SSE subscribers receiving every event of a tenant's jobs vs a bare fan-out"),
     "fairness": ("bench.fairness", "one tenant's job latency behind another's 5,000-job backlog vs idle"),
+    "kv": (
+        "bench.kv",
+        "short and very long invoices on a simulated vLLM: request-count vs KV-token admission",
+    ),
 }
 
 
