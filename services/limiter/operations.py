@@ -35,6 +35,8 @@ class ServerLimits:
     max_cooldown_ms: int = 3_600_000
     permit_retention_ms: int = 3_600_000
     in_flight_retry_cap_ms: int = 1_000
+    # How long the head of a local pool's KV line keeps its place without asking again.
+    kv_head_hold_ms: int = 2_000
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,10 @@ class KeyLayout:
     def kv_held(self, pool: str) -> str:
         """A local pool's in-flight context tokens: permit_id -> KV tokens held."""
         return f"{self._base(pool)}:kvheld"
+
+    def kv_head(self, pool: str) -> str:
+        """A local pool's oldest request turned away for KV tokens: "permit_id tokens"."""
+        return f"{self._base(pool)}:kvhead"
 
     def permit(self, permit_id: str) -> str:
         pool, _, _ = parse_permit_id(permit_id)
@@ -184,6 +190,7 @@ class LimiterOps:
                 self.keys.tenant_budget(request.pool, request.tenant),
                 self.keys.permit(permit_id),
                 self.keys.kv_held(request.pool),
+                self.keys.kv_head(request.pool),
             ],
             [
                 permit_id,
@@ -200,6 +207,7 @@ class LimiterOps:
                 self.limits.in_flight_retry_cap_ms,
                 -1 if pool.kv_token_capacity is None else pool.kv_token_capacity,
                 kv_tokens,
+                self.limits.kv_head_hold_ms,
             ],
             interpret,
         )

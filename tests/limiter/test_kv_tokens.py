@@ -124,3 +124,33 @@ def test_a_hosted_pool_still_counts_requests_not_tokens(ops: tuple[LimiterOps, R
     assert isinstance(store.execute(limiter.acquire(ask("hosted", 90_000, 1_000, "h2"))), Grant)
     denied = store.execute(limiter.acquire(ask("hosted", 10, 10, "h3")))
     assert isinstance(denied, Denial) and denied.reason is DenyReason.IN_FLIGHT
+
+
+def test_the_first_request_turned_away_heads_the_line_so_short_ones_cannot_starve_it(
+    ops: tuple[LimiterOps, RedisStore],
+) -> None:
+    """Given a cache half taken, when a long document is denied for KV tokens, then a short one
+    that would fit the gap is denied too; once KV frees, the long one is granted first."""
+    limiter, store = ops
+    first = store.execute(limiter.acquire(ask("gpu", 7_000, 1_000, "running")))
+    assert isinstance(first, Grant)
+    long_denied = store.execute(limiter.acquire(ask("gpu", 11_000, 1_000, "long")))
+    assert isinstance(long_denied, Denial) and long_denied.reason is DenyReason.KV_TOKENS
+    short_denied = store.execute(limiter.acquire(ask("gpu", 1_000, 500, "short")))
+    assert isinstance(short_denied, Denial) and short_denied.reason is DenyReason.KV_TOKENS
+    store.execute(limiter.release(first.permit_id, Outcome.COMPLETED, 7_000, 300))
+    assert isinstance(store.execute(limiter.acquire(ask("gpu", 11_000, 1_000, "long"))), Grant)
+    assert isinstance(store.execute(limiter.acquire(ask("gpu", 1_000, 500, "short"))), Grant)
+
+
+def test_a_head_of_the_line_that_stops_asking_loses_its_place(ops: tuple[LimiterOps, RedisStore]) -> None:
+    limiter, store = ops
+    short_hold = LimiterOps(
+        lambda: CONFIG, ServerLimits(max_tokens=1_000_000, kv_head_hold_ms=200), limiter.keys
+    )
+    assert isinstance(store.execute(short_hold.acquire(ask("gpu", 7_000, 1_000, "running"))), Grant)
+    denied = store.execute(short_hold.acquire(ask("gpu", 11_000, 1_000, "gone")))
+    assert isinstance(denied, Denial)
+    assert isinstance(store.execute(short_hold.acquire(ask("gpu", 1_000, 500, "short"))), Denial)
+    time.sleep(0.25)
+    assert isinstance(store.execute(short_hold.acquire(ask("gpu", 1_000, 500, "short"))), Grant)

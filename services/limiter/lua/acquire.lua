@@ -11,6 +11,8 @@
 --                            because the permit id is derived from the request_key
 -- KEYS[9] kvheld     hash    permit_id -> KV tokens held      a local pool's in-flight context
 --                            tokens; an entry counts while its lease in KEYS[1] is live
+-- KEYS[10] kvhead    string  "permit_id tokens", PX-expiring  the oldest request a KV denial
+--                            turned away: later requests leave room for it (no starvation)
 -- ARGV[1]  permit_id
 -- ARGV[2]  tokens to reserve (estimated input + max output)
 -- ARGV[3]  lease_ms
@@ -25,6 +27,7 @@
 -- ARGV[12] cap (ms) on the retry hint of an in-flight denial
 -- ARGV[13] KV token capacity of a local pool (-1: the pool has no such dimension)
 -- ARGV[14] KV tokens this request holds while in flight (prompt + max output, in whole blocks)
+-- ARGV[15] how long (ms) the head of the KV line keeps its place without asking again
 --
 -- Returns one of
 --   {'granted',  permit_id, lease_expires_ms, pool_in_flight_after, now_ms}
@@ -173,9 +176,25 @@ if in_flight >= max_in_flight then
   deny('IN_FLIGHT', math.min(tonumber(first[2]) - now, in_flight_hint_cap))
 end
 
-if kv_capacity >= 0 and kv_used + kv_tokens > kv_capacity then
-  -- A release frees KV at any moment; the soonest lease expiry is the latest it must free.
-  deny('KV_TOKENS', math.min((kv_soonest or now) - now, in_flight_hint_cap))
+-- The first request a KV denial turned away heads the line: until it is granted (or stops
+-- asking), later requests only get what it leaves, so a long document is not starved by short
+-- ones slipping into every gap.
+local kv_head = nil
+if kv_capacity >= 0 then
+  local kv_limit = kv_capacity
+  local head = redis.call('GET', KEYS[10])
+  if head then
+    local space = string.find(head, ' ')
+    kv_head = string.sub(head, 1, space - 1)
+    if kv_head ~= pid then kv_limit = kv_capacity - tonumber(string.sub(head, space + 1)) end
+  end
+  if kv_used + kv_tokens > kv_limit then
+    -- A release frees KV at any moment; the soonest lease expiry is the latest it must free.
+    deny('KV_TOKENS', math.min((kv_soonest or now) - now, in_flight_hint_cap))
+    if kv_head == nil or kv_head == pid then
+      redis.call('SET', KEYS[10], pid .. ' ' .. kv_tokens, 'PX', tonumber(ARGV[15]))
+    end
+  end
 end
 
 if tenant_max >= 0 then
@@ -205,6 +224,7 @@ extend_to(KEYS[6], expires)
 if kv_capacity >= 0 then
   -- No TTL: a renewed lease outlives any expiry set here; stale entries are pruned above.
   redis.call('HSET', KEYS[9], pid, kv_tokens)
+  if kv_head == pid then redis.call('DEL', KEYS[10]) end
 end
 redis.call('ZADD', KEYS[2], now, pid)
 redis.call('HSET', KEYS[3], pid, tokens)
