@@ -40,7 +40,8 @@ from bench.ceiling import accept_one
 from bench.resources import add_database_argument
 from bench.sse_clients import BareServer, Clients, Target, rss_bytes
 from bench.stack import Stack
-from bench.watch_clients import WatchClients, WatchTarget
+from bench.watch_clients import WatchTarget
+from bench.watch_clients import client_process as watch_client_process
 from services.common import events as event_types
 from services.common import states
 from services.common.db import SyncPool, sync_pool
@@ -199,8 +200,8 @@ def _measure(
     """Open the streams, write the jobs, wait until every stream has every event; returns the
     streams, the schedule's start, the time the last event arrived, the server's memory and CPU."""
     rss_before = rss_bytes(server_pids())
-    start_clients = WatchClients.start if isinstance(target, WatchTarget) else Clients.start
-    clients = start_clients(target, args.subscribers, args.client_processes)
+    run = watch_client_process if isinstance(target, WatchTarget) else None
+    clients = Clients.start(target, args.subscribers, args.client_processes, run)
     clients.wait_ready(args.subscribers, timeout=120)
     time.sleep(1.0)
     rss_open = rss_bytes(server_pids())

@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection as MpConnection
 from multiprocessing.sharedctypes import Synchronized
@@ -158,7 +159,8 @@ def client_process(
 
 @dataclass
 class Clients:
-    """The client processes of one phase."""
+    """The client processes of one phase: SSE streams (``client_process`` here) or, given another
+    ``run`` with the same arguments, JobService Watch streams (``bench/watch_clients.py``)."""
 
     processes: list[mp.process.BaseProcess]
     pipes: list[MpConnection]
@@ -166,14 +168,17 @@ class Clients:
     received: Synchronized[int]
 
     @classmethod
-    def start(cls, target: Target, subscribers: int, processes: int) -> Clients:
+    def start(
+        cls, target: Any, subscribers: int, processes: int, run: Callable[..., None] | None = None
+    ) -> Clients:
+        run = run or client_process
         context = mp.get_context("spawn")
         ready, received = context.Value("q", 0), context.Value("q", 0)
         procs, pipes = [], []
         shares = [subscribers // processes + (i < subscribers % processes) for i in range(processes)]
         for share in shares:
             parent, child = context.Pipe()
-            proc = context.Process(target=client_process, args=(target, share, ready, received, child))
+            proc = context.Process(target=run, args=(target, share, ready, received, child))
             proc.start()
             procs.append(proc)
             pipes.append(parent)

@@ -1,6 +1,7 @@
 """Watch subscribers for ``fatura bench events``: processes that each hold hundreds of
-``JobService.Watch`` streams (grpc.aio) and note when every job event arrives, the gRPC twin of
-``bench/sse_clients.py``'s ``Clients`` (same interface: started, ready, received, collected).
+``JobService.Watch`` streams (grpc.aio) and note when every job event arrives: ``client_process``
+here is what ``bench/sse_clients.py``'s ``Clients`` runs for a Watch phase (same arguments and
+results as the SSE client's).
 
 Streams share a few channels (HTTP/2 connections; a connection carries at most 100 streams by
 default). A stream keeps the seq of each job event and the ``time.monotonic()`` at which the client
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import multiprocessing as mp
 import time
 from array import array
 from dataclasses import dataclass
@@ -100,52 +100,3 @@ def client_process(
 
     pipe.send(asyncio.run(main()))
     pipe.close()
-
-
-@dataclass
-class WatchClients:
-    """The client processes of one phase."""
-
-    processes: list[mp.process.BaseProcess]
-    pipes: list[MpConnection]
-    ready: Synchronized[int]
-    received: Synchronized[int]
-
-    @classmethod
-    def start(cls, target: WatchTarget, subscribers: int, processes: int) -> WatchClients:
-        context = mp.get_context("spawn")
-        ready, received = context.Value("q", 0), context.Value("q", 0)
-        procs, pipes = [], []
-        shares = [subscribers // processes + (i < subscribers % processes) for i in range(processes)]
-        for share in shares:
-            parent, child = context.Pipe()
-            proc = context.Process(target=client_process, args=(target, share, ready, received, child))
-            proc.start()
-            procs.append(proc)
-            pipes.append(parent)
-        return cls(procs, pipes, ready, received)
-
-    @property
-    def pids(self) -> set[int]:
-        return {p.pid for p in self.processes if p.pid is not None}
-
-    def wait_ready(self, subscribers: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while self.ready.value < subscribers:
-            if time.monotonic() > deadline or not all(p.is_alive() for p in self.processes):
-                raise SystemExit(f"only {self.ready.value} of {subscribers} Watch streams opened")
-            time.sleep(0.1)
-
-    def collect(self) -> list[tuple[int, array[int], array[float]]]:
-        """Stop the clients and return each stream's (status, seqs, receive times)."""
-        streams: list[tuple[int, array[int], array[float]]] = []
-        for pipe in self.pipes:
-            pipe.send("stop")
-        for pipe, proc in zip(self.pipes, self.processes, strict=True):
-            for status, seqs, times in pipe.recv():
-                s, t = array("q"), array("d")
-                s.frombytes(seqs)
-                t.frombytes(times)
-                streams.append((status, s, t))
-            proc.join(timeout=30)
-        return streams
