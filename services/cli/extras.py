@@ -14,6 +14,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "cli": ("rich",),
     "sandbox": ("aiohttp",),
     "bench": ("matplotlib", "aiohttp", "rich"),
+    "kafka": ("confluent_kafka",),
 }
 
 
