@@ -166,13 +166,13 @@ def pipeline_factory(
     """Start a pipeline (no workers yet) on a fresh database of this module's own."""
     made: list[tuple[str, SyncPool, Pipeline]] = []
 
-    def start(**env: str) -> Pipeline:
+    def start(limiter_config: str = LIMITER_CONFIG, **env: str) -> Pipeline:
         url = f"{database_url}_p{len(made)}"
         recreate_database(url)
         migrate(url)
         prefix = f"pipe-{uuid.uuid4().hex[:8]}"
         config = tmp_path_factory.mktemp("limiter") / "limiter.toml"
-        config.write_text(LIMITER_CONFIG)
+        config.write_text(limiter_config)
         limiter_port, provider_port = free_port(), free_port()
         base = {
             "FATURA_DATABASE_URL": url,

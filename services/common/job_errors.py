@@ -47,6 +47,10 @@ TENANT_MESSAGES: Final[dict[str, str]] = {
     "worker_error": f"An attempt failed inside the extraction service. {_RETRY}",
     "deferred": "Waiting for model capacity; no attempt was spent. It starts as soon as capacity frees.",
     "lease_expired": f"An attempt did not finish (the extraction worker stopped). {_RETRY}",
+    # The limiter (services/inference/claims.py): no wait could ever admit the job.
+    "document_too_large_for_model": "The document is too long for the model: its text and the "
+    "longest answer allowed need more context than the model's server can hold at once. It will "
+    "not be retried; split the document or send it to a larger model.",
     # A reviewer's decision (services/inference/review).
     REVIEW_REJECTED: "A reviewer rejected the extraction.",
     UNKNOWN: "The extraction failed inside the extraction service.",

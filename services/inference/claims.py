@@ -30,7 +30,7 @@ from services.common.uow import JobChange, UnitOfWork, unit_of_work
 from services.inference import metrics
 from services.inference.fairness import TenantLoad, order_tenants, prefer
 from services.inference.providers.base import Hop
-from services.limiter import Denial, Grant
+from services.limiter import Denial, Grant, NeverAdmittable
 
 log = logging.getLogger(__name__)
 Q = load_queries(Path(__file__).with_name("sql") / "inference.sql")
@@ -42,8 +42,11 @@ EVENT_FOR_STATE: dict[str, str | None] = {
     states.RETRY_SCHEDULED: None,
 }
 
-# Asks the limiter for a permit for (tenant, estimated input tokens).
-Acquire = Callable[[uuid.UUID, int], Grant | Denial]
+# Asks the limiter for a permit for (tenant, estimated input tokens, request_key); may raise
+# ``NeverAdmittable``. The key names the job and the fence its start takes (``request_key``).
+Acquire = Callable[[uuid.UUID, int, str], Grant | Denial]
+# The error class of a job no wait could admit (services/common/job_errors.py).
+TOO_LARGE_FOR_MODEL = "document_too_large_for_model"
 # Gives back a permit granted inside a claim that then failed to commit (nothing was sent).
 ReleaseUnused = Callable[[Grant], None]
 
@@ -79,6 +82,23 @@ class Deferred:
 
 
 @dataclass(frozen=True)
+class Refused:
+    """The limiter said no wait could admit the job; the claim's transaction failed it."""
+
+    job_id: uuid.UUID
+    reason: str
+    priority: str
+    since_accepted: float
+
+
+def request_key(job_id: uuid.UUID, fence: int) -> str:
+    """The limiter request_key of the start that takes ``fence``: the same while the job is only
+    deferred, so a local pool's head of the line keeps its place and a retried Acquire finds the
+    permit it may already have been granted; a new one for every start."""
+    return f"{job_id}:{fence}"
+
+
+@dataclass(frozen=True)
 class Completion:
     """What an attempt ends in: the job's next state and everything written with it."""
 
@@ -110,26 +130,30 @@ class Claims:
         self._lease_seconds = lease_seconds
         self._aging = timedelta(seconds=aging_seconds)
 
-    def claim(self, acquire: Acquire, release_unused: ReleaseUnused) -> Started | Deferred | None:
+    def claim(self, acquire: Acquire, release_unused: ReleaseUnused) -> Started | Deferred | Refused | None:
         """Start the next job by fair share, defer it when the limiter says no, or None when no
         tenant has a job due. A permit granted inside a claim whose transaction fails is released
         as not sent."""
         granted: list[Grant] = []
 
-        def acquire_once(tenant_id: uuid.UUID, tokens: int) -> Grant | Denial:
-            decision = acquire(tenant_id, tokens)
+        def acquire_once(tenant_id: uuid.UUID, tokens: int, key: str) -> Grant | Denial:
+            decision = acquire(tenant_id, tokens, key)
             if isinstance(decision, Grant):
                 granted.append(decision)
             return decision
 
         try:
-            return self._claim(acquire_once)
+            claimed = self._claim(acquire_once)
         except BaseException:
             for grant in granted:
                 release_unused(grant)
             raise
+        if isinstance(claimed, Refused):
+            # Observed once the failure committed, as every completion is.
+            sli.observe_completion(claimed.priority, states.FAILED_TERMINAL, claimed.since_accepted)
+        return claimed
 
-    def _claim(self, acquire: Acquire) -> Started | Deferred | None:
+    def _claim(self, acquire: Acquire) -> Started | Deferred | Refused | None:
         with unit_of_work(self._pool) as uow:
             loads = [TenantLoad(**_load_fields(row)) for row in uow.execute(Q["tenant_loads"]).fetchall()]
             if not loads:
@@ -145,7 +169,12 @@ class Claims:
                     {"job_id": str(head["id"]), "tenant_id": str(tenant_id)},
                     kind=tracing.SpanKind.CLIENT,
                 ) as span:
-                    decision = acquire(tenant_id, int(head["estimated_tokens"]))
+                    key = request_key(head["id"], head["fence"] + 1)
+                    try:
+                        decision = acquire(tenant_id, int(head["estimated_tokens"]), key)
+                    except NeverAdmittable as exc:
+                        span.set_attribute("limiter.decision", "never_admittable")
+                        return self._refuse(uow, head["id"], str(exc))
                     span.set_attribute(
                         "limiter.decision",
                         "granted" if isinstance(decision, Grant) else decision.reason.value,
@@ -157,6 +186,20 @@ class Claims:
                     return Deferred(head["id"], decision.reason.value, decision.retry_after_ms)
                 return Started(self._start(uow, head["id"]), decision)
             return None
+
+    def _refuse(self, uow: UnitOfWork, job_id: uuid.UUID, why: str) -> Refused:
+        params = {"job_id": job_id, "error_class": TOO_LARGE_FOR_MODEL, "error_message": why[:500]}
+        row = uow.execute(Q["refuse_job"], params).fetchone()
+        assert row is not None, "the head row is locked by this transaction"
+        event = EVENT_FOR_STATE[states.FAILED_TERMINAL]
+        detail = {"error_class": TOO_LARGE_FOR_MODEL}
+        change = JobChange(
+            row["tenant_id"], job_id, states.FAILED_TERMINAL, row["state_version"], event, detail
+        )
+        uow.record(change)
+        metrics.REFUSED.inc()
+        log.warning("job %s failed: no wait could admit it (%s)", job_id, why)
+        return Refused(job_id, why, row["priority"], row["since_accepted"])
 
     def _head(self, uow: UnitOfWork, tenant_id: uuid.UUID) -> dict[str, Any] | None:
         heads = {

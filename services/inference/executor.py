@@ -26,7 +26,7 @@ from services.common import faults, logs, tracing
 from services.common.failures import is_transient
 from services.common.queries import load_queries
 from services.inference import metrics
-from services.inference.claims import ClaimedJob, Claims, Completion, Deferred, Started
+from services.inference.claims import ClaimedJob, Claims, Completion, Deferred, Refused, Started, request_key
 from services.inference.outcomes import WORKER_ERROR, decide
 from services.inference.permits import AttemptPermits
 from services.inference.prompt import build_messages
@@ -35,7 +35,7 @@ from services.inference.providers.cancel import CallScope
 from services.inference.retry import RetryPolicy
 from services.inference.settings import InferenceSettings
 from services.inference.validation import MasterSupplier, ValidationContext, normalize_tax_id, validate
-from services.limiter import Denial, DenyReason, Grant, LimiterClient, LimiterError, Outcome
+from services.limiter import Denial, DenyReason, Grant, LimiterClient, LimiterError, Outcome, PermitNotHeld
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,9 @@ class Executor:
                     if claimed.reason in POOL_WIDE:
                         self._pool_closed_until = time.monotonic() + claimed.retry_after_ms / 1000
                     return
+                if isinstance(claimed, Refused):
+                    metrics.CLAIMS.labels("refused").inc()
+                    continue  # failed in the claim: the next job may fit
                 metrics.CLAIMS.labels("started").inc()
                 self._run(claimed)
         except Exception:
@@ -132,14 +135,28 @@ class Executor:
         finally:
             self._slots.release()
 
-    def _acquire(self, tenant_id: uuid.UUID, estimated_tokens: int) -> Grant | Denial:
-        return self._limiter.acquire(
-            self._s.limiter_pool,
-            str(tenant_id),
-            estimated_tokens,
-            self._s.max_output_tokens,
-            lease_ms=self.lease_ms,
-        )
+    def _acquire(self, tenant_id: uuid.UUID, estimated_tokens: int, key: str) -> Grant | Denial:
+        def ask(key: str) -> Grant | Denial:
+            return self._limiter.acquire(
+                self._s.limiter_pool,
+                str(tenant_id),
+                self._prompt_estimate(estimated_tokens),
+                self._s.max_output_tokens,
+                lease_ms=self.lease_ms,
+                request_key=key,
+            )
+
+        try:
+            return ask(key)
+        except PermitNotHeld:
+            # The key's permit was granted and then given back (its claim rolled back, or a
+            # timed-out Acquire was settled): that start never happened, so ask afresh.
+            return ask(f"{key}:{uuid.uuid4().hex[:8]}")
+
+    def _prompt_estimate(self, estimated_tokens: int) -> int:
+        """A job's estimate is its prompt plus the output cap (services/acceptance/admission.py);
+        the limiter adds the cap itself, so a local pool holds prompt + max output, not two caps."""
+        return max(0, estimated_tokens - self._s.max_output_tokens)
 
     def _release_unused(self, grant: Grant) -> None:
         """A permit granted inside a claim whose transaction then failed: nothing was sent."""
@@ -165,11 +182,12 @@ class Executor:
         permits = AttemptPermits(
             self._limiter,
             tenant=str(job.tenant_id),
-            estimated_input_tokens=job.estimated_tokens,
+            estimated_input_tokens=self._prompt_estimate(job.estimated_tokens),
             max_output_tokens=self._s.max_output_tokens,
             lease_ms=self.lease_ms,
             primary_pool=self._s.limiter_pool,
             primary=started.grant,
+            request_key=request_key(job.job_id, job.fence),
         )
         call = CallScope()
         with self._owned_lock:

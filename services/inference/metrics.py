@@ -15,6 +15,10 @@ STALE_COMPLETIONS = Counter(
     "fatura_inference_stale_completions_total",
     "Completions discarded because the worker no longer owned the job (fence or lease lost)",
 )
+REFUSED = Counter(
+    "fatura_inference_refused_total",
+    "Jobs failed at claim because the limiter said no wait could admit them (bigger than the pool)",
+)
 LEASES_LOST = Counter(
     "fatura_inference_leases_lost_total", "Running jobs whose lease a heartbeat found taken away"
 )

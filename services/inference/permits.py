@@ -1,15 +1,27 @@
 """Limiter permits for one attempt: the ``Permits`` the gateway asks per hop, backed by the limiter
-client, starting with the permit the claim already holds for the model's primary pool."""
+client, starting with the permit the claim already holds for the model's primary pool. Every
+Acquire of the attempt carries its request_key, so a retried one never takes a second permit."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import uuid
 
 from services.inference.providers.base import PermitDenied, PermitGranted
-from services.limiter import Denial, Grant, LimiterClient, LimiterError, Outcome
+from services.limiter import (
+    Denial,
+    Grant,
+    LimiterClient,
+    LimiterError,
+    NeverAdmittable,
+    Outcome,
+    PermitNotHeld,
+)
 
 log = logging.getLogger(__name__)
+# A fallback channel whose pool can never admit the request is skipped as if denied for this long.
+_NEVER_RETRY_MS = 60_000
 
 
 class AttemptPermits:
@@ -23,6 +35,7 @@ class AttemptPermits:
         lease_ms: int,
         primary_pool: str,
         primary: Grant,
+        request_key: str,
     ) -> None:
         self._client = client
         self._tenant = tenant
@@ -33,20 +46,30 @@ class AttemptPermits:
         self._primary: Grant | None = primary
         self._lock = threading.Lock()
         self._held: set[str] = {primary.permit_id}
+        self._key = request_key
 
     def acquire(self, pool: str) -> PermitGranted | PermitDenied:
         with self._lock:
             if pool == self._primary_pool and self._primary is not None:
                 grant, self._primary = self._primary, None
                 return PermitGranted(grant.permit_id)
-        decision = self._client.acquire(
-            pool, self._tenant, self._tokens, self._max_out, lease_ms=self._lease_ms
-        )
+        try:
+            decision = self._ask(pool, self._key)
+        except PermitNotHeld:  # this attempt already used and settled its permit on the pool
+            decision = self._ask(pool, f"{self._key}:{uuid.uuid4().hex[:8]}")
+        except NeverAdmittable as exc:
+            log.warning("pool %s can never admit this request: %s", pool, exc)
+            return PermitDenied("NEVER_ADMITTABLE", _NEVER_RETRY_MS)
         if isinstance(decision, Denial):
             return PermitDenied(decision.reason.value, decision.retry_after_ms)
         with self._lock:
             self._held.add(decision.permit_id)
         return PermitGranted(decision.permit_id)
+
+    def _ask(self, pool: str, key: str) -> Grant | Denial:
+        return self._client.acquire(
+            pool, self._tenant, self._tokens, self._max_out, lease_ms=self._lease_ms, request_key=key
+        )
 
     def release(self, permit: PermitGranted, outcome: str, input_tokens: int, output_tokens: int) -> None:
         with self._lock:

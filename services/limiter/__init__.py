@@ -14,7 +14,9 @@ from services.limiter.client import (
     LimiterError,
     LimiterUnauthenticated,
     LimiterUnavailable,
+    NeverAdmittable,
     Outcome,
+    PermitNotHeld,
     PoolStatus,
 )
 
@@ -27,6 +29,8 @@ __all__ = [
     "LimiterError",
     "LimiterUnauthenticated",
     "LimiterUnavailable",
+    "NeverAdmittable",
     "Outcome",
+    "PermitNotHeld",
     "PoolStatus",
 ]

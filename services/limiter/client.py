@@ -35,6 +35,7 @@ from services.limiter.errors import (
     LimiterError,
     LimiterUnauthenticated,
     LimiterUnavailable,
+    NeverAdmittable,
     PermitNotFound,
     PermitNotHeld,
     RequestKeyConflict,
@@ -54,7 +55,9 @@ __all__ = [
     "LimiterError",
     "LimiterUnauthenticated",
     "LimiterUnavailable",
+    "NeverAdmittable",
     "Outcome",
+    "PermitNotHeld",
     "PoolStatus",
 ]
 
@@ -78,6 +81,7 @@ UNAUTHENTICATED = Counter(
 
 ERROR_BY_STATUS: dict[grpc.StatusCode, type[LimiterError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.OUT_OF_RANGE: NeverAdmittable,
     grpc.StatusCode.NOT_FOUND: PermitNotFound,
     grpc.StatusCode.FAILED_PRECONDITION: PermitNotHeld,
     grpc.StatusCode.ALREADY_EXISTS: RequestKeyConflict,
@@ -209,8 +213,10 @@ class LimiterClient:
         request_key: str | None = None,
     ) -> Grant | Denial:
         """A permit, or a Denial saying why and when to try again. Raises ``InvalidArgument`` for a
-        bad request and ``LimiterUnauthenticated`` for a refused token; never raises because the
-        limiter is unreachable (that is a Denial with reason UNAVAILABLE, or an emergency Grant)."""
+        bad request, ``NeverAdmittable`` for one no wait could grant (bigger than the pool's TPM or
+        a local pool's whole KV cache) and ``LimiterUnauthenticated`` for a refused token; never
+        raises because the limiter is unreachable (a Denial with reason UNAVAILABLE, or an
+        emergency Grant)."""
         key = request_key or uuid.uuid4().hex
         if request_key is not None:
             self._forget_orphan(permit_id_for(pool, tenant, key))  # the caller is retrying it

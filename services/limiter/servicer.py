@@ -40,7 +40,8 @@ R = TypeVar("R")
 STATUS_BY_ERROR: dict[type[LimiterError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     UnknownPool: grpc.StatusCode.INVALID_ARGUMENT,
-    NeverAdmittable: grpc.StatusCode.INVALID_ARGUMENT,
+    # Its own code, so a client can tell "never, whatever you wait" from a malformed request.
+    NeverAdmittable: grpc.StatusCode.OUT_OF_RANGE,
     PermitNotFound: grpc.StatusCode.NOT_FOUND,
     PermitNotHeld: grpc.StatusCode.FAILED_PRECONDITION,
     RequestKeyConflict: grpc.StatusCode.ALREADY_EXISTS,

@@ -1,25 +1,26 @@
 """A local pool's admission unit is in-flight context tokens (prompt + max output: the KV cache a
 request holds), checked in the same script as every other dimension. Runs the operations on the
-real Redis (db 14), without the gRPC server."""
+real Redis (db 14), the last test through the limiter server and its client."""
 
 from __future__ import annotations
 
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
+from grpc_health.v1 import health_pb2
 
 from services.limiter.config import ConfigError, parse_config
 from services.limiter.errors import NeverAdmittable
 from services.limiter.model import AcquireRequest, Denial, DenyReason, Grant, Outcome
 from services.limiter.operations import KeyLayout, LimiterOps, ServerLimits
 from services.limiter.store import RedisStore
-from tests.limiter.conftest import SHARED_REDIS_URL, delete_prefix
+from tests.limiter.conftest import SHARED_REDIS_URL, delete_prefix, spawn_limiter
 
-CONFIG = parse_config(
-    """
+CONFIG_TEXT = """
 [pools.gpu]
 kind = "local"
 rpm = 100000
@@ -33,7 +34,7 @@ rpm = 100000
 tpm = 100000000
 max_in_flight = 2
 """
-)
+CONFIG = parse_config(CONFIG_TEXT)
 
 
 @pytest.fixture
@@ -154,3 +155,32 @@ def test_a_head_of_the_line_that_stops_asking_loses_its_place(ops: tuple[Limiter
     assert isinstance(store.execute(short_hold.acquire(ask("gpu", 1_000, 500, "short"))), Denial)
     time.sleep(0.25)
     assert isinstance(store.execute(short_hold.acquire(ask("gpu", 1_000, 500, "short"))), Grant)
+
+
+def test_over_grpc_a_request_bigger_than_the_cache_is_never_admittable_and_a_retry_keeps_its_place(
+    tmp_path: Path,
+) -> None:
+    """Through the server and the client the workers use: a request bigger than the local pool's
+    whole cache raises the client's NeverAdmittable (not a plain InvalidArgument); a long request
+    denied for KV tokens asks again with its request_key, is granted before a short one that came
+    later, and asking once more returns the same permit instead of a second one."""
+    limiter = spawn_limiter(CONFIG_TEXT, tmp_path)
+    try:
+        limiter.wait_health(health_pb2.HealthCheckResponse.SERVING)
+        with limiter.client() as client:
+            with pytest.raises(NeverAdmittable, match="can never fit local pool 'gpu'"):
+                client.acquire("gpu", "acme", 20_000, 1_000, request_key="huge")
+            running = client.acquire("gpu", "acme", 7_000, 1_000, lease_ms=30_000, request_key="running")
+            assert isinstance(running, Grant)
+            long_denied = client.acquire("gpu", "acme", 11_000, 1_000, lease_ms=30_000, request_key="long")
+            assert isinstance(long_denied, Denial) and long_denied.reason is DenyReason.KV_TOKENS
+            short_denied = client.acquire("gpu", "acme", 1_000, 500, request_key="short")
+            assert isinstance(short_denied, Denial) and short_denied.reason is DenyReason.KV_TOKENS
+            client.release(running.permit_id, Outcome.COMPLETED, 7_000, 300)
+            first = client.acquire("gpu", "acme", 11_000, 1_000, lease_ms=30_000, request_key="long")
+            again = client.acquire("gpu", "acme", 11_000, 1_000, lease_ms=30_000, request_key="long")
+            assert isinstance(first, Grant) and again == first
+            assert client.pool_status("gpu").in_flight.used == 1
+            client.release(first.permit_id, Outcome.COMPLETED, 11_000, 400)
+    finally:
+        limiter.stop()

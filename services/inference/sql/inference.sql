@@ -26,7 +26,7 @@ FROM t JOIN tenants tn ON tn.id = t.tenant_id
 WHERE t.tenant_id IS NOT NULL
 
 -- name: head_job
-SELECT id, available_at, estimated_tokens, traceparent FROM extraction_jobs
+SELECT id, available_at, estimated_tokens, traceparent, fence FROM extraction_jobs
 WHERE tenant_id = %(tenant_id)s AND priority = %(priority)s
   AND state IN ('READY', 'RETRY_SCHEDULED') AND available_at <= now()
 ORDER BY available_at
@@ -97,3 +97,13 @@ SET lease_until = now() + make_interval(secs => %(lease_seconds)s)
 FROM unnest(%(job_ids)s::uuid[], %(fences)s::bigint[]) AS h(id, fence)
 WHERE j.id = h.id AND j.fence = h.fence AND j.state = 'RUNNING' AND j.lease_until > now()
 RETURNING j.id
+
+-- name: refuse_job
+-- The limiter says no wait could ever admit the job (its document and answer are bigger than the
+-- pool's whole KV cache or TPM): it fails at once instead of being deferred for ever.
+UPDATE extraction_jobs
+SET state = 'FAILED_TERMINAL', state_version = state_version + 1, error_class = %(error_class)s,
+    error_message = %(error_message)s, finished_at = now(), updated_at = now()
+WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED')
+RETURNING tenant_id, state_version, priority,
+          extract(epoch FROM now() - created_at)::float8 AS since_accepted
