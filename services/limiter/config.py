@@ -42,6 +42,26 @@ class PoolLimits:
     # the server's KV cache; None: no such dimension. A reservation is rounded up to whole blocks.
     kv_token_capacity: int | None = None
     block_size: int = 1
+    # ``gcra``: requests and tokens are also paced (acquire.lua), one request every window_ms/rpm
+    # ms, so a provider that quantizes its limits per second sees no burst; ``window``: the
+    # window's caps alone, which a pool may spend at once. Default: gcra hosted, window local.
+    pacing: str = "gcra"
+    # How far the paces may run ahead of the clock, as a share of a second's worth of requests
+    # (0 to 1); at least one request always goes. 0: evenly spaced.
+    burst_seconds: float = 0.0
+
+    @property
+    def burst_ms(self) -> int:
+        return round(self.burst_seconds * 1000)
+
+    @property
+    def request_interval_ms(self) -> float:
+        """The pace of requests: the window's requests spread evenly over it."""
+        return self.window_ms / self.rpm
+
+    @property
+    def token_interval_ms(self) -> float:
+        return self.window_ms / self.tpm
 
     def kv_tokens_for(self, reserved: int) -> int:
         """The KV cache a reservation holds: whole blocks, as a paged-attention server allocates."""
@@ -103,7 +123,18 @@ def _pool(name: str, raw: Any) -> PoolLimits:
     table = _table(raw, where)
     _no_unknown_keys(
         table,
-        {"rpm", "tpm", "max_in_flight", "window_ms", "kind", "kv_token_capacity", "kv_blocks", "block_size"},
+        {
+            "rpm",
+            "tpm",
+            "max_in_flight",
+            "window_ms",
+            "kind",
+            "kv_token_capacity",
+            "kv_blocks",
+            "block_size",
+            "pacing",
+            "burst_seconds",
+        },
         where,
     )
     window = _int(table, "window_ms", where, lo=100, required=False)
@@ -122,6 +153,14 @@ def _pool(name: str, raw: Any) -> PoolLimits:
             if block_size is None:
                 raise ConfigError(f"{where}: kv_blocks needs block_size (tokens per KV block)")
             capacity = blocks * block_size
+    pacing = table.get("pacing", "gcra" if kind == "hosted" else "window")
+    if pacing not in ("gcra", "window"):
+        raise ConfigError(f"{where}.pacing must be 'gcra' or 'window', not {pacing!r}")
+    burst = table.get("burst_seconds", 0.0)
+    if isinstance(burst, bool) or not isinstance(burst, int | float) or not 0 <= burst <= 1:
+        raise ConfigError(f"{where}.burst_seconds must be a number from 0 to 1, not {burst!r}")
+    if "burst_seconds" in table and pacing != "gcra":
+        raise ConfigError(f"{where}: burst_seconds needs pacing = 'gcra'")
     return PoolLimits(
         name=name,
         rpm=_int(table, "rpm", where, lo=1, required=True) or 0,
@@ -131,6 +170,8 @@ def _pool(name: str, raw: Any) -> PoolLimits:
         kind=kind,
         kv_token_capacity=capacity,
         block_size=block_size or 1,
+        pacing=pacing,
+        burst_seconds=float(burst),
     )
 
 

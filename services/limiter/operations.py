@@ -86,6 +86,10 @@ class KeyLayout:
         """A local pool's oldest request turned away for KV tokens: "permit_id tokens"."""
         return f"{self._base(pool)}:kvhead"
 
+    def pace(self, pool: str) -> str:
+        """A paced pool's GCRA theoretical arrival times: {r: next request, t: next token} (ms)."""
+        return f"{self._base(pool)}:pace"
+
     def permit(self, permit_id: str) -> str:
         pool, _, _ = parse_permit_id(permit_id)
         return f"{self._base(pool)}:permit:{permit_id}"
@@ -131,7 +135,8 @@ class LimiterOps:
     def config(self) -> LimiterConfig:
         return self._config()
 
-    def acquire(self, request: AcquireRequest) -> Operation[Grant | Denial]:
+    def acquire(self, request: AcquireRequest, now_ms: int | None = None) -> Operation[Grant | Denial]:
+        """``now_ms`` drives the script's clock (tests only); None: Redis's own TIME."""
         config = self._config()
         pool = config.pool(_name(request.pool, "pool"))
         _name(request.tenant, "tenant")
@@ -191,6 +196,7 @@ class LimiterOps:
                 self.keys.permit(permit_id),
                 self.keys.kv_held(request.pool),
                 self.keys.kv_head(request.pool),
+                self.keys.pace(request.pool),
             ],
             [
                 permit_id,
@@ -208,6 +214,9 @@ class LimiterOps:
                 -1 if pool.kv_token_capacity is None else pool.kv_token_capacity,
                 kv_tokens,
                 self.limits.kv_head_hold_ms,
+                pool.pacing,
+                pool.burst_ms,
+                "" if now_ms is None else now_ms,
             ],
             interpret,
         )
@@ -250,6 +259,9 @@ class LimiterOps:
             raise _unexpected("release", reply)
 
         inflight, window, wtokens, wsum, _ = self.keys.pool_keys(pool)
+        # A pool dropped from the configuration since the grant is no longer paced.
+        limits = self._config().pools.get(pool)
+        paced = limits is not None and limits.pacing == "gcra"
         return Operation(
             "release",
             [
@@ -261,8 +273,16 @@ class LimiterOps:
                 wsum,
                 self.keys.tenant_budget(pool, tenant),
                 self.keys.kv_held(pool),
+                self.keys.pace(pool),
             ],
-            [permit_id, outcome.value, input_tokens + output_tokens, self.limits.permit_retention_ms],
+            [
+                permit_id,
+                outcome.value,
+                input_tokens + output_tokens,
+                self.limits.permit_retention_ms,
+                repr(limits.request_interval_ms) if paced and limits else 0,
+                repr(limits.token_interval_ms) if paced and limits else 0,
+            ],
             interpret,
         )
 

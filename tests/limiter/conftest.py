@@ -34,32 +34,38 @@ SHARED_REDIS_URL = f"redis://127.0.0.1:6379/{TEST_DB}"
 # permits. Small windows make window boundaries reachable within a test.
 SHARED_CONFIG = """
 [pools.basic]
+pacing = "window"
 rpm = 1000
 tpm = 1000000
 max_in_flight = 10
 
 [pools.atomic]
+pacing = "window"
 rpm = 1000
 tpm = 1000
 max_in_flight = 1
 
 [pools.rpm]
+pacing = "window"
 rpm = 5
 tpm = 1000000000
 max_in_flight = 100
 window_ms = 1000
 
 [pools.kill]
+pacing = "window"
 rpm = 1000
 tpm = 1000000000
 max_in_flight = 2
 
 [pools.cool]
+pacing = "window"
 rpm = 1000
 tpm = 1000000000
 max_in_flight = 100
 
 [pools.tpm]
+pacing = "window"
 rpm = 100000
 tpm = 1000000000
 max_in_flight = 1000
@@ -70,6 +76,7 @@ tpm = 1000000000000
 max_in_flight = 30
 
 [pools.tenants]
+pacing = "window"
 rpm = 1000
 tpm = 1000000000
 max_in_flight = 100

@@ -30,6 +30,7 @@ kv_blocks = 1000
 block_size = 16
 
 [pools.hosted]
+pacing = "window"
 rpm = 100000
 tpm = 100000000
 max_in_flight = 2

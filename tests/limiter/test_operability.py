@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 CONFIG = """
 [pools.p]
+pacing = "window"
 rpm = 1000
 tpm = 1000000
 max_in_flight = 3

@@ -13,6 +13,8 @@
 --                            tokens; an entry counts while its lease in KEYS[1] is live
 -- KEYS[10] kvhead    string  "permit_id tokens", PX-expiring  the oldest request a KV denial
 --                            turned away: later requests leave room for it (no starvation)
+-- KEYS[11] pace      hash    {r, t}: theoretical arrival times (ms) of the pool's next request
+--                            and next token (GCRA); only with ARGV[16] = 'gcra'
 -- ARGV[1]  permit_id
 -- ARGV[2]  tokens to reserve (estimated input + max output)
 -- ARGV[3]  lease_ms
@@ -28,6 +30,10 @@
 -- ARGV[13] KV token capacity of a local pool (-1: the pool has no such dimension)
 -- ARGV[14] KV tokens this request holds while in flight (prompt + max output, in whole blocks)
 -- ARGV[15] how long (ms) the head of the KV line keeps its place without asking again
+-- ARGV[16] pacing: 'gcra' (one request every window_ms/rpm ms, each token window_ms/tpm ms, on
+--          top of the window's caps) or 'window' (the window's caps alone: it may be spent at once)
+-- ARGV[17] burst_ms: with 'gcra', how far ahead of now the paces may run (at least one request)
+-- ARGV[18] now_ms: the clock, for tests that drive time; empty in production (Redis TIME)
 --
 -- Returns one of
 --   {'granted',  permit_id, lease_expires_ms, pool_in_flight_after, now_ms}
@@ -36,10 +42,21 @@
 --   {'denied',   reason, retry_after_ms, now_ms}                reason: RPM TPM IN_FLIGHT
 --                                                               TENANT_IN_FLIGHT TENANT_BUDGET COOLDOWN
 --                                                               KV_TOKENS
--- The time is Redis's own (TIME), never the caller's clock.
+-- The time is Redis's own (TIME), never the caller's clock, unless a test passes ARGV[18].
+--
+-- GCRA (generic cell rate algorithm): each pace is a theoretical arrival time (TAT). A request is
+-- admitted while both TATs are at most the tolerance (burst_ms minus one request interval) ahead
+-- of now; it then moves the request TAT one interval and the token TAT its reservation times the
+-- token interval. The token test does not depend on the request's size, so a large request is not
+-- starved by small ones; it may overshoot the burst by its own size, once.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now
+if ARGV[18] ~= nil and ARGV[18] ~= '' then
+  now = tonumber(ARGV[18])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 
 local pid = ARGV[1]
 local tokens = tonumber(ARGV[2])
@@ -170,6 +187,23 @@ if tokens_used + tokens > tpm then
   deny('TPM', when + window_ms - now)
 end
 
+local gcra = ARGV[16] == 'gcra'
+local tat_r, tat_t, request_ms, token_ms
+if gcra then
+  request_ms = window_ms / rpm
+  token_ms = window_ms / tpm
+  local tolerance = math.max(tonumber(ARGV[17]), request_ms) - request_ms
+  local pace = redis.call('HMGET', KEYS[11], 'r', 't')
+  tat_r = math.max(tonumber(pace[1]) or now, now)
+  tat_t = math.max(tonumber(pace[2]) or now, now)
+  if tat_r - now > tolerance then
+    deny('RPM', math.ceil(tat_r - tolerance - now))
+  end
+  if tat_t - now > tolerance then
+    deny('TPM', math.ceil(tat_t - tolerance - now))
+  end
+end
+
 local in_flight = redis.call('ZCARD', KEYS[1])
 if in_flight >= max_in_flight then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -231,6 +265,13 @@ redis.call('HSET', KEYS[3], pid, tokens)
 redis.call('INCRBY', KEYS[4], tokens)
 -- The three window keys expire together, one window after the newest request.
 for i = 2, 4 do redis.call('PEXPIREAT', KEYS[i], now + window_ms + 1000) end
+if gcra then
+  tat_r = tat_r + request_ms
+  tat_t = tat_t + tokens * token_ms
+  redis.call('HSET', KEYS[11], 'r', string.format('%.3f', tat_r), 't', string.format('%.3f', tat_t))
+  -- Once both paces are behind the clock the hash says nothing a missing one would not.
+  redis.call('PEXPIREAT', KEYS[11], math.ceil(math.max(tat_r, tat_t)) + 1000)
+end
 if budget >= 0 then
   redis.call('HSET', KEYS[7], 'day', day, 'used', used_today + tokens)
   redis.call('PEXPIREAT', KEYS[7], (day + 2) * 86400000)

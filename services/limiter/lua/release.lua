@@ -8,11 +8,14 @@
 -- KEYS[6] wsum       string  sum of wtokens
 -- KEYS[7] tbudget    hash    {day, used} of the permit's tenant in the pool
 -- KEYS[8] kvheld     hash    a local pool's in-flight context tokens (the permit's entry freed)
+-- KEYS[9] pace       hash    {r, t}: the pool's GCRA theoretical arrival times (acquire.lua)
 -- ARGV[1] permit_id
 -- ARGV[2] outcome: COMPLETED (tokens corrected to the usage), NOT_SENT (request and tokens
 --         refunded), UNKNOWN (the whole reservation is kept; only the lease is freed)
 -- ARGV[3] tokens used (input + output) as reported for COMPLETED; ignored otherwise
 -- ARGV[4] retention_ms: how long the settled record is kept, so a repeat is recognised
+-- ARGV[5] request interval (ms) of the pool's pace; 0: the pool is not paced
+-- ARGV[6] token interval (ms per token) of the pool's pace
 --
 -- Returns {'released', pool_in_flight_after, now_ms} | {'already', first_outcome, now_ms}
 --       | {'not_found', now_ms}
@@ -54,6 +57,19 @@ if counted then
   elseif outcome == 'COMPLETED' and actual ~= counted then
     redis.call('HSET', KEYS[5], pid, actual)
     redis.call('INCRBY', KEYS[6], actual - counted)
+  end
+end
+
+-- A paced pool's TATs are moved back by what was not spent (forward if usage beat the
+-- reservation), as the window's counts are: a request not sent gives its turn back.
+local request_ms = tonumber(ARGV[5] or '0') or 0
+if request_ms > 0 and redis.call('EXISTS', KEYS[9]) == 1 then
+  local token_ms = tonumber(ARGV[6])
+  if outcome == 'NOT_SENT' then
+    redis.call('HINCRBYFLOAT', KEYS[9], 'r', string.format('%.3f', -request_ms))
+  end
+  if actual ~= reserved then
+    redis.call('HINCRBYFLOAT', KEYS[9], 't', string.format('%.3f', (actual - reserved) * token_ms))
   end
 end
 
