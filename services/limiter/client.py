@@ -9,6 +9,11 @@ renew and release never go to the limiter.
 Every call carries the shared token (``FATURA_LIMITER_TOKEN``) when one is set, over TLS when
 ``FATURA_LIMITER_TLS_CA`` is set. A refused token is a configuration error, never an outage: it
 raises ``LimiterUnauthenticated`` (logged each time) and never opens the emergency quota.
+
+Acquire and Release travel inside ``Batch`` RPCs: a call leaves at once when fewer than two
+Batches are on the wire, else with the next one, together with the calls the process's other
+threads made meanwhile. Each keeps its own deadline and its own answer; against a limiter without
+``Batch`` the client falls back to one RPC per call.
 """
 
 from __future__ import annotations
@@ -90,6 +95,11 @@ ERROR_BY_STATUS: dict[grpc.StatusCode, type[LimiterError]] = {
     grpc.StatusCode.UNAUTHENTICATED: LimiterUnauthenticated,
 }
 _MAX_ORPHANS = 1_000
+_STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
+# Batch RPCs on the wire at once, and calls in one: while both lanes are busy, calls wait for the
+# first to come back (a round trip at most), then leave together.
+_BATCH_LANES = 2
+_BATCH_MAX_ITEMS = 128
 _CHANNEL_OPTIONS = [
     # Reconnect quickly once the limiter is back instead of staying in emergency mode for minutes.
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -110,6 +120,114 @@ def _ms(timestamp: Any) -> int:
     return int(timestamp.seconds) * 1000 + int(timestamp.nanos) // 1_000_000
 
 
+class _Failed(Exception):
+    """A call's status other than OK: its own RPC's, its Batch's, or its item's in the Batch."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, *, sent: bool = True) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+        self.sent = sent  # False: it never left this process (no lane before its deadline)
+
+
+class _Waiting:
+    __slots__ = ("deadline", "done", "error", "item", "result", "sent")
+
+    def __init__(self, item: pb.BatchItem, deadline: float) -> None:
+        self.item = item
+        self.deadline = deadline
+        self.done = threading.Event()
+        self.result: pb.BatchResult | None = None
+        self.error: _Failed | None = None
+        self.sent = False
+
+
+class _Batcher:
+    """Sends the calls of a process's threads as Batch RPCs, at most ``lanes`` on the wire at once.
+    A call never waits for company: with a lane free it leaves at once (alone or with the calls
+    queued before it); otherwise it leaves when a Batch comes back, with everything queued by then."""
+
+    def __init__(self, stub: Any, metadata: Any, lanes: int, max_items: int) -> None:
+        self._stub = stub
+        self._metadata = metadata
+        self._lanes = lanes
+        self._max_items = max_items
+        self._lock = threading.Lock()
+        self._queue: list[_Waiting] = []
+        self._in_flight = 0
+
+    def call(self, item: pb.BatchItem, timeout_s: float) -> pb.BatchResult:
+        """The item's result; raises ``_Failed`` when the Batch failed or the deadline passed."""
+        waiting = _Waiting(item, time.monotonic() + timeout_s)
+        with self._lock:
+            self._queue.append(waiting)
+            batch = self._take_locked()
+        if batch:
+            self._send(batch)
+        if not waiting.done.wait(timeout_s):
+            with self._lock:
+                if not waiting.sent:
+                    self._queue.remove(waiting)
+                    raise _Failed(grpc.StatusCode.DEADLINE_EXCEEDED, "no Batch left in time", sent=False)
+            if not waiting.done.is_set():
+                raise _Failed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        if waiting.error is not None:
+            raise waiting.error
+        assert waiting.result is not None
+        return waiting.result
+
+    def _take_locked(self) -> list[_Waiting]:
+        if self._in_flight >= self._lanes or not self._queue:
+            return []
+        batch = self._queue[: self._max_items]
+        del self._queue[: self._max_items]
+        for waiting in batch:
+            waiting.sent = True
+        self._in_flight += 1
+        return batch
+
+    def _send(self, batch: list[_Waiting]) -> None:
+        # The Batch lives as long as its most patient call; each caller stops waiting at its own.
+        timeout = max(w.deadline for w in batch) - time.monotonic()
+        request = pb.BatchRequest(items=[w.item for w in batch])
+        try:
+            future = self._stub.Batch.future(request, timeout=max(timeout, 0.001), metadata=self._metadata)
+        except Exception as exc:  # e.g. the channel is closed
+            self._finish(batch, None, _Failed(grpc.StatusCode.UNAVAILABLE, f"{type(exc).__name__}: {exc}"))
+            return
+        future.add_done_callback(lambda done: self._answered(batch, done))
+
+    def _answered(self, batch: list[_Waiting], future: Any) -> None:
+        try:
+            response = future.result()
+        except grpc.RpcError as exc:
+            self._finish(batch, None, _Failed(exc.code(), exc.details() or exc.code().name))
+        except Exception as exc:  # cancelled: the client is closing
+            self._finish(batch, None, _Failed(grpc.StatusCode.CANCELLED, f"{type(exc).__name__}: {exc}"))
+        else:
+            if len(response.results) != len(batch):
+                failed = _Failed(
+                    grpc.StatusCode.INTERNAL, f"{len(response.results)} results for {len(batch)}"
+                )
+                self._finish(batch, None, failed)
+            else:
+                self._finish(batch, list(response.results), None)
+
+    def _finish(
+        self, batch: list[_Waiting], results: list[pb.BatchResult] | None, error: _Failed | None
+    ) -> None:
+        for i, waiting in enumerate(batch):
+            if results is not None:
+                waiting.result = results[i]
+            waiting.error = error
+            waiting.done.set()
+        with self._lock:
+            self._in_flight -= 1
+            following = self._take_locked()
+        if following:
+            self._send(following)
+
+
 class LimiterClient:
     """Thread-safe; one per process. ``close()`` when done."""
 
@@ -124,15 +242,19 @@ class LimiterClient:
         unavailable_retry_ms: int = 1_000,
         token: str | None = None,
         credentials: Any = None,
+        batching: bool = True,
     ) -> None:
         """``token`` goes with every LimiterService call; ``credentials`` (``grpc.ChannelCredentials``)
-        make the channel TLS, plaintext when None."""
+        make the channel TLS, plaintext when None. ``batching=False``: one RPC per Acquire and per
+        Release (as against a limiter without ``Batch``)."""
         if credentials is None:
             self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         else:
             self._channel = grpc.secure_channel(address, credentials, options=_CHANNEL_OPTIONS)
         self._metadata = bearer_metadata(token)
         self._stub = pb_grpc.LimiterServiceStub(self._channel)
+        self._batcher = _Batcher(self._stub, self._metadata, _BATCH_LANES, _BATCH_MAX_ITEMS)
+        self._batching = batching
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._health_lock = threading.Lock()
         self._health_at = float("-inf")
@@ -229,12 +351,12 @@ class LimiterClient:
             request_key=key,
         )
         try:
-            response = self._stub.Acquire(request, timeout=self._deadline_s, metadata=self._traced())
-        except grpc.RpcError as exc:
-            error = self._translate("Acquire", exc)
+            response = self._exchange("Acquire", request, self._deadline_s, traced=True)
+        except _Failed as exc:
+            error = self._translate("Acquire", exc.code, exc.details)
             if not isinstance(error, LimiterUnavailable):
                 raise error from exc
-            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            if exc.code == grpc.StatusCode.DEADLINE_EXCEEDED and exc.sent:
                 self._remember_orphan(pool, tenant, key)
             return self._emergency_acquire(pool, estimated_input_tokens + max_output_tokens, lease_ms, error)
         self._settle_orphans()
@@ -330,7 +452,37 @@ class LimiterClient:
         request = pb.ReleaseRequest(
             permit_id=permit_id, outcome=outcome_value, input_tokens=input_tokens, output_tokens=output_tokens
         )
-        return not self._call("Release", request).already_released
+        try:
+            response = self._exchange("Release", request, self._settle_deadline_s, traced=False)
+        except _Failed as exc:
+            raise self._translate("Release", exc.code, exc.details) from exc
+        return not response.already_released
+
+    def _exchange(self, method: str, request: Any, timeout_s: float, *, traced: bool) -> Any:
+        """One Acquire or Release: inside a Batch while the limiter has that RPC, else its own RPC.
+        Raises ``_Failed`` with the status the call got."""
+        if self._batching:
+            item = pb.BatchItem(acquire=request) if method == "Acquire" else pb.BatchItem(release=request)
+            traceparent = tracing.current_traceparent() if traced else None
+            if traceparent is not None:
+                item.traceparent = traceparent
+            try:
+                result = self._batcher.call(item, timeout_s)
+            except _Failed as exc:
+                if exc.code != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                log.warning("the limiter has no Batch RPC (an older version): one RPC per call from now on")
+                self._batching = False
+            else:
+                if result.WhichOneof("result") == "error":
+                    code = _STATUS_BY_VALUE.get(result.error.code, grpc.StatusCode.UNKNOWN)
+                    raise _Failed(code, result.error.message)
+                return getattr(result, method.lower())
+        metadata = self._traced() if traced else self._metadata
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout_s, metadata=metadata)
+        except grpc.RpcError as exc:
+            raise _Failed(exc.code(), exc.details() or exc.code().name) from exc
 
     def report_throttle(self, pool: str, retry_after_ms: int) -> int:
         """Start (or keep) the pool's cooldown; returns its end (Unix ms). The local emergency quota
@@ -356,11 +508,11 @@ class LimiterClient:
             stub_method = getattr(self._stub, method)
             return stub_method(request, timeout=self._settle_deadline_s, metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise self._translate(method, exc) from exc
+            raise self._translate(method, exc.code(), exc.details() or exc.code().name) from exc
 
-    def _translate(self, method: str, exc: grpc.RpcError) -> LimiterError:
+    def _translate(self, method: str, code: grpc.StatusCode, details: str) -> LimiterError:
         """The typed error of a failed call, counted; a refused token is logged where it happens."""
-        error = translate(exc)
+        error = ERROR_BY_STATUS.get(code, BackendError)(f"{code.name}: {details}")
         if isinstance(error, LimiterUnavailable):
             UNREACHABLE.labels(method).inc()
         elif isinstance(error, LimiterUnauthenticated):

@@ -33,7 +33,8 @@ UNAUTHENTICATED = Counter(
 )
 RPC_SECONDS = Histogram(
     "fatura_limiter_rpc_seconds",
-    "Server-side handling time of a limiter RPC, by method and status code",
+    "Server-side handling time of a limiter RPC, by method and status code; an Acquire or Release"
+    " inside a Batch counts under its own method, with the time of its Batch",
     ["method", "code"],
     buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
 from typing import Any, TypeVar
 
 import grpc
@@ -30,12 +31,22 @@ from services.limiter.errors import (
     UnknownPool,
 )
 from services.limiter.ids import parse_permit_id
-from services.limiter.model import AcquireRequest, Denial, DenyReason, Dimension, Outcome, PoolStatus
-from services.limiter.operations import LimiterOps
+from services.limiter.model import (
+    AcquireRequest,
+    Denial,
+    DenyReason,
+    Dimension,
+    Grant,
+    Outcome,
+    PoolStatus,
+)
+from services.limiter.operations import LimiterOps, Operation, Released
 from services.limiter.store import AsyncRedisStore
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
+# Items in one Batch call; the store pipelines up to 256 script calls in one round trip.
+MAX_BATCH_ITEMS = 256
 
 STATUS_BY_ERROR: dict[type[LimiterError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -123,28 +134,8 @@ class LimiterServicer(pb_grpc.LimiterServiceServicer):
 
     async def Acquire(self, request: pb.AcquireRequest, context: Any) -> pb.AcquireResponse:
         async def call() -> pb.AcquireResponse:
-            op = self._ops.acquire(
-                AcquireRequest(
-                    pool=request.pool,
-                    tenant=request.tenant,
-                    estimated_input_tokens=request.estimated_input_tokens,
-                    max_output_tokens=request.max_output_tokens,
-                    lease_ms=request.lease_ms,
-                    request_key=request.request_key,
-                )
-            )
-            result = await self._store.execute(op)
-            if isinstance(result, Denial):
-                metrics.DENIALS.labels(request.pool, result.reason.value).inc()
-                denial = pb.Denial(
-                    reason=_REASON_TO_PROTO[result.reason], retry_after_ms=result.retry_after_ms
-                )
-                return pb.AcquireResponse(denied=denial)
-            metrics.GRANTS.labels(request.pool).inc()
-            grant = pb.Grant(
-                permit_id=result.permit_id, lease_expires_at=timestamp(result.lease_expires_at_ms)
-            )
-            return pb.AcquireResponse(granted=grant)
+            result = await self._store.execute(self._ops.acquire(_acquire_request(request)))
+            return _acquire_response(request.pool, result)
 
         return await self._handle("Acquire", context, call)
 
@@ -159,10 +150,7 @@ class LimiterServicer(pb_grpc.LimiterServiceServicer):
         async def call() -> pb.ReleaseResponse:
             outcome = outcome_from_proto(request.outcome)
             op = self._ops.release(request.permit_id, outcome, request.input_tokens, request.output_tokens)
-            released = await self._store.execute(op)
-            if not released.already_released:
-                metrics.RELEASES.labels(_pool_of(request.permit_id), outcome.value).inc()
-            return pb.ReleaseResponse(already_released=released.already_released)
+            return _release_response(request, outcome, await self._store.execute(op))
 
         return await self._handle("Release", context, call)
 
@@ -193,6 +181,90 @@ class LimiterServicer(pb_grpc.LimiterServiceServicer):
             return pb.ListPoolStatusResponse(pools=[_status_message(s) for s in statuses])
 
         return await self._handle("ListPoolStatus", context, call)
+
+    async def Batch(self, request: pb.BatchRequest, context: Any) -> pb.BatchResponse:
+        async def call() -> pb.BatchResponse:
+            started = time.perf_counter()
+            items = request.items
+            if len(items) > MAX_BATCH_ITEMS:
+                raise InvalidArgument(f"a batch holds at most {MAX_BATCH_ITEMS} items, not {len(items)}")
+            ops = [self._item_operation(item) for item in items]
+            with ExitStack() as spans:
+                if tracing.enabled():
+                    for item in items:
+                        name = f"LimiterService/{(item.WhichOneof('call') or 'none').capitalize()}"
+                        incoming = tracing.valid(item.traceparent) if item.traceparent else None
+                        kind = tracing.SpanKind.SERVER
+                        spans.enter_context(tracing.span(name, incoming, {"batch": len(items)}, kind=kind))
+                results = await self._store.execute_all(ops)
+            seconds = time.perf_counter() - started
+            return pb.BatchResponse(
+                results=[
+                    _item_result(item, result, seconds) for item, result in zip(items, results, strict=True)
+                ]
+            )
+
+        return await self._handle("Batch", context, call)
+
+    def _item_operation(self, item: pb.BatchItem) -> Operation[Any] | LimiterError:
+        """The item's operation, or why its own RPC would have been refused."""
+        try:
+            kind = item.WhichOneof("call")
+            if kind == "acquire":
+                return self._ops.acquire(_acquire_request(item.acquire))
+            if kind == "release":
+                r = item.release
+                outcome = outcome_from_proto(r.outcome)
+                return self._ops.release(r.permit_id, outcome, r.input_tokens, r.output_tokens)
+            raise InvalidArgument("a batch item must hold an acquire or a release")
+        except LimiterError as exc:
+            return exc
+
+
+def _acquire_request(request: pb.AcquireRequest) -> AcquireRequest:
+    return AcquireRequest(
+        pool=request.pool,
+        tenant=request.tenant,
+        estimated_input_tokens=request.estimated_input_tokens,
+        max_output_tokens=request.max_output_tokens,
+        lease_ms=request.lease_ms,
+        request_key=request.request_key,
+    )
+
+
+def _acquire_response(pool: str, result: Grant | Denial) -> pb.AcquireResponse:
+    if isinstance(result, Denial):
+        metrics.DENIALS.labels(pool, result.reason.value).inc()
+        denial = pb.Denial(reason=_REASON_TO_PROTO[result.reason], retry_after_ms=result.retry_after_ms)
+        return pb.AcquireResponse(denied=denial)
+    metrics.GRANTS.labels(pool).inc()
+    grant = pb.Grant(permit_id=result.permit_id, lease_expires_at=timestamp(result.lease_expires_at_ms))
+    return pb.AcquireResponse(granted=grant)
+
+
+def _release_response(request: pb.ReleaseRequest, outcome: Outcome, released: Released) -> pb.ReleaseResponse:
+    if not released.already_released:
+        metrics.RELEASES.labels(_pool_of(request.permit_id), outcome.value).inc()
+    return pb.ReleaseResponse(already_released=released.already_released)
+
+
+def _item_result(item: pb.BatchItem, result: Any, seconds: float) -> pb.BatchResult:
+    """One item's answer: what its own RPC would have answered, counted as that RPC would be (with
+    the time its Batch took)."""
+    kind = item.WhichOneof("call") or "none"
+    method = kind.capitalize() if kind != "none" else "Batch"
+    if isinstance(result, LimiterError):
+        code = status_for(result)
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL):
+            log.warning("%s (in a batch) failed: %s", method, result)
+        metrics.RPC_SECONDS.labels(method, code.name).observe(seconds)
+        return pb.BatchResult(error=pb.ItemError(code=code.value[0], message=str(result)))
+    metrics.RPC_SECONDS.labels(method, "OK").observe(seconds)
+    if kind == "acquire":
+        return pb.BatchResult(acquire=_acquire_response(item.acquire.pool, result))
+    release = item.release
+    outcome = outcome_from_proto(release.outcome)
+    return pb.BatchResult(release=_release_response(release, outcome, result))
 
 
 def _status_message(status: PoolStatus) -> pb.PoolStatusResponse:

@@ -124,6 +124,33 @@ class AsyncRedisStore:
         self._lanes_free = lanes
 
     async def execute(self, op: Operation[T]) -> T:
+        future = self._submit(op)
+        reply = await future
+        return op.interpret(_decode(reply))
+
+    async def execute_all(self, ops: list[Operation[Any] | LimiterError]) -> list[Any]:
+        """Run ``ops`` together (they join the same pipeline unless it is full); the result of
+        each, or the ``LimiterError`` it failed with. An error given in place of an operation (a
+        request that failed validation) is passed through."""
+        futures = [op if isinstance(op, LimiterError) else self._submit(op) for op in ops]
+        results: list[Any] = []
+        try:
+            for op, future in zip(ops, futures, strict=True):
+                if isinstance(future, LimiterError):
+                    results.append(future)
+                    continue
+                try:
+                    results.append(op.interpret(_decode(await future)))  # type: ignore[union-attr]
+                except LimiterError as exc:
+                    results.append(exc)
+        except asyncio.CancelledError:  # the RPC was cancelled: nobody will read the others
+            for future in futures:
+                if not isinstance(future, LimiterError):
+                    future.cancel()
+            raise
+        return results
+
+    def _submit(self, op: Operation[Any]) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._pending.append((op, future))
@@ -131,8 +158,7 @@ class AsyncRedisStore:
             self._lanes_free -= 1
             # Started on the next turn, so the calls the current turn makes join this batch.
             loop.call_soon(lambda: loop.create_task(self._lane()))
-        reply = await future
-        return op.interpret(_decode(reply))
+        return future
 
     async def _lane(self) -> None:
         try:

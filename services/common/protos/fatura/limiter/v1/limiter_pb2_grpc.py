@@ -66,6 +66,11 @@ class LimiterServiceStub:
                 request_serializer=services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.ListPoolStatusRequest.SerializeToString,
                 response_deserializer=services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.ListPoolStatusResponse.FromString,
                 _registered_method=True)
+        self.Batch = channel.unary_unary(
+                '/fatura.limiter.v1.LimiterService/Batch',
+                request_serializer=services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.BatchRequest.SerializeToString,
+                response_deserializer=services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.BatchResponse.FromString,
+                _registered_method=True)
 
 
 class LimiterServiceServicer:
@@ -116,6 +121,17 @@ class LimiterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Batch(self, request, context):
+        """Several Acquire and Release calls in one round trip (at most 256), e.g. a slot's Release with
+        its next Acquire, or the calls a client's threads made while its previous Batch was on the
+        wire. Each item is handled exactly as its own RPC would be (same checks, same idempotency by
+        request_key and permit); items are independent: one item's error never fails another.
+        The results come in the order of the items. More than 256 items is INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LimiterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -148,6 +164,11 @@ def add_LimiterServiceServicer_to_server(servicer, server):
                     servicer.ListPoolStatus,
                     request_deserializer=services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.ListPoolStatusRequest.FromString,
                     response_serializer=services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.ListPoolStatusResponse.SerializeToString,
+            ),
+            'Batch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Batch,
+                    request_deserializer=services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.BatchRequest.FromString,
+                    response_serializer=services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.BatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -313,6 +334,33 @@ class LimiterService:
             '/fatura.limiter.v1.LimiterService/ListPoolStatus',
             services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.ListPoolStatusRequest.SerializeToString,
             services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.ListPoolStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Batch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fatura.limiter.v1.LimiterService/Batch',
+            services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.BatchRequest.SerializeToString,
+            services_dot_common_dot_protos_dot_fatura_dot_limiter_dot_v1_dot_limiter__pb2.BatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -57,6 +57,13 @@ class LimiterServiceStub:
     """Limits, usage, headroom and cooldown of one pool (for metrics and autoscaling)."""
     ListPoolStatus: _grpc.UnaryUnaryMultiCallable[_limiter_pb2.ListPoolStatusRequest, _limiter_pb2.ListPoolStatusResponse]
     """PoolStatus of every configured pool, by name (for the operator's view). Read only."""
+    Batch: _grpc.UnaryUnaryMultiCallable[_limiter_pb2.BatchRequest, _limiter_pb2.BatchResponse]
+    """Several Acquire and Release calls in one round trip (at most 256), e.g. a slot's Release with
+    its next Acquire, or the calls a client's threads made while its previous Batch was on the
+    wire. Each item is handled exactly as its own RPC would be (same checks, same idempotency by
+    request_key and permit); items are independent: one item's error never fails another.
+    The results come in the order of the items. More than 256 items is INVALID_ARGUMENT.
+    """
 
 @_typing.type_check_only
 class LimiterServiceAsyncStub(LimiterServiceStub):
@@ -79,6 +86,13 @@ class LimiterServiceAsyncStub(LimiterServiceStub):
     """Limits, usage, headroom and cooldown of one pool (for metrics and autoscaling)."""
     ListPoolStatus: _aio.UnaryUnaryMultiCallable[_limiter_pb2.ListPoolStatusRequest, _limiter_pb2.ListPoolStatusResponse]  # type: ignore[assignment]
     """PoolStatus of every configured pool, by name (for the operator's view). Read only."""
+    Batch: _aio.UnaryUnaryMultiCallable[_limiter_pb2.BatchRequest, _limiter_pb2.BatchResponse]  # type: ignore[assignment]
+    """Several Acquire and Release calls in one round trip (at most 256), e.g. a slot's Release with
+    its next Acquire, or the calls a client's threads made while its previous Batch was on the
+    wire. Each item is handled exactly as its own RPC would be (same checks, same idempotency by
+    request_key and permit); items are independent: one item's error never fails another.
+    The results come in the order of the items. More than 256 items is INVALID_ARGUMENT.
+    """
 
 class LimiterServiceServicer(metaclass=_abc_1.ABCMeta):
     """Grants permits for one provider pool at a time; see the file comment for the dimensions."""
@@ -134,5 +148,18 @@ class LimiterServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_limiter_pb2.ListPoolStatusResponse, _abc.Awaitable[_limiter_pb2.ListPoolStatusResponse]]:
         """PoolStatus of every configured pool, by name (for the operator's view). Read only."""
+
+    @_abc_1.abstractmethod
+    def Batch(
+        self,
+        request: _limiter_pb2.BatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_limiter_pb2.BatchResponse, _abc.Awaitable[_limiter_pb2.BatchResponse]]:
+        """Several Acquire and Release calls in one round trip (at most 256), e.g. a slot's Release with
+        its next Acquire, or the calls a client's threads made while its previous Batch was on the
+        wire. Each item is handled exactly as its own RPC would be (same checks, same idempotency by
+        request_key and permit); items are independent: one item's error never fails another.
+        The results come in the order of the items. More than 256 items is INVALID_ARGUMENT.
+        """
 
 def add_LimiterServiceServicer_to_server(servicer: LimiterServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
