@@ -34,25 +34,26 @@ LIMIT 1
 FOR UPDATE SKIP LOCKED
 
 -- name: start_job
-UPDATE extraction_jobs
-SET state = 'RUNNING', state_version = state_version + 1, attempt = attempt + 1, fence = fence + 1,
-    lease_until = now() + make_interval(secs => %(lease_seconds)s), claimed_by = %(worker_id)s,
-    model = %(model)s, updated_at = now()
-WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED')
-RETURNING id, tenant_id, state, state_version, attempt, fence, lease_until, document_id,
-          document_version, estimated_tokens, deadline_at, schema_version, priority, traceparent
+-- Starts the locked head job and reads, in the same statement, what its attempt needs: the
+-- document's text and the tenant's allowed currencies (no second transaction per job).
+WITH started AS (
+    UPDATE extraction_jobs
+    SET state = 'RUNNING', state_version = state_version + 1, attempt = attempt + 1, fence = fence + 1,
+        lease_until = now() + make_interval(secs => %(lease_seconds)s), claimed_by = %(worker_id)s,
+        model = %(model)s, updated_at = now()
+    WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED')
+    RETURNING id, tenant_id, state, state_version, attempt, fence, lease_until, document_id,
+              document_version, estimated_tokens, deadline_at, schema_version, priority, traceparent
+)
+SELECT s.*, d.text, t.allowed_currencies
+FROM started s
+LEFT JOIN documents d ON d.tenant_id = s.tenant_id AND d.id = s.document_id AND d.version = s.document_version
+LEFT JOIN tenants t ON t.id = s.tenant_id
 
 -- name: defer_job
 UPDATE extraction_jobs
 SET available_at = greatest(available_at, now() + make_interval(secs => %(seconds)s)), updated_at = now()
 WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED')
-
--- name: job_context
-SELECT d.text, t.allowed_currencies
-FROM extraction_jobs j
-JOIN documents d ON d.tenant_id = j.tenant_id AND d.id = j.document_id AND d.version = j.document_version
-JOIN tenants t ON t.id = j.tenant_id
-WHERE j.id = %(job_id)s
 
 -- name: tenant_suppliers
 SELECT tax_id, name, iban, currency FROM suppliers WHERE tenant_id = %(tenant_id)s
@@ -86,10 +87,12 @@ SELECT id, tenant_id, 'fatura', 'opened', %(detail)s FROM task
 -- name: insert_attempt
 INSERT INTO job_attempts (job_id, attempt, fence, channel, model, started_at, ended_at, outcome,
                           http_status, error_class, retry_after_ms, input_tokens, output_tokens,
-                          latency_ms, error_message, worker_id)
+                          latency_ms, error_message, worker_id, time_to_first_token_ms,
+                          inter_token_ms)
 VALUES (%(job_id)s, %(attempt)s, %(fence)s, %(channel)s, %(model)s, %(started_at)s, %(ended_at)s,
         %(outcome)s, %(http_status)s, %(error_class)s, %(retry_after_ms)s, %(input_tokens)s,
-        %(output_tokens)s, %(latency_ms)s, %(error_message)s, %(worker_id)s)
+        %(output_tokens)s, %(latency_ms)s, %(error_message)s, %(worker_id)s,
+        %(time_to_first_token_ms)s, %(inter_token_ms)s)
 
 -- name: renew_leases
 UPDATE extraction_jobs j
