@@ -63,6 +63,12 @@ PROVIDERS = {
     "keyed": {"FATURA_SANDBOX_PROVIDER_API_KEY": "sk-sim-secret"},
     "rpm": {"FATURA_SANDBOX_PROVIDER_RPM": "2"},
     "tpm": {"FATURA_SANDBOX_PROVIDER_TPM": "1200"},
+    # 2 requests and 1,000 tokens a second, while the minute allows 120 and 60,000
+    "per_second": {
+        "FATURA_SANDBOX_PROVIDER_RPM": "120",
+        "FATURA_SANDBOX_PROVIDER_TPM": "60000",
+        "FATURA_SANDBOX_PROVIDER_PER_SECOND": "1",
+    },
     "slow": {"FATURA_SANDBOX_PROVIDER_CONCURRENCY": "2", "FATURA_SANDBOX_PROVIDER_LATENCY_MS": "2000"},
 }
 
@@ -197,6 +203,31 @@ def test_over_tpm_is_a_429_with_retry_after(providers: dict[str, ServiceProcess]
         client.chat.completions.create(model=MODEL, messages=messages)
     assert int(caught.value.response.headers["retry-after"]) >= 1
     assert stats(provider)["by_outcome"] == {"ok": 1, "limited_tpm": 1}
+
+
+def test_per_second_quantizing_answers_a_burst_with_429_while_the_minute_is_under_its_limit(
+    providers: dict[str, ServiceProcess],
+) -> None:
+    """Given RPM 120 and TPM 60,000 enforced per second (2 requests, 1,000 tokens a second)
+    When requests of about 350 tokens come as fast as one client sends them
+    Then the quantum refuses with 429 and Retry-After: 1, by tokens or requests, and the provider
+    still counts its minute far under both limits."""
+    provider = providers["per_second"]
+    messages = build_messages(SAMPLES["03"].text)
+    body = {"model": MODEL, "messages": messages, "max_tokens": 16}
+    with httpx.Client(base_url=provider.base_url, timeout=30.0) as client:
+        answers = [client.post("/v1/chat/completions", json=body) for _ in range(4)]
+    statuses = [a.status_code for a in answers]
+    assert statuses[0] == 200 and 429 in statuses
+    for answer in answers:
+        if answer.status_code == 429:
+            assert answer.headers["retry-after"] == "1"
+            assert answer.json()["error"]["code"] == "rate_limit_exceeded"
+            assert "per second" in answer.json()["error"]["message"]
+    counted = stats(provider)
+    limited = {k: v for k, v in counted["by_outcome"].items() if k.startswith("limited_")}
+    assert set(limited) <= {"limited_rpm_second", "limited_tpm_second"} and sum(limited.values()) >= 1
+    assert counted["requests_in_window"] == statuses.count(200) < 120
 
 
 def test_over_concurrency_is_a_429_while_slow_requests_are_in_progress(

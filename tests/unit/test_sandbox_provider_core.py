@@ -62,6 +62,40 @@ def test_concurrency_counts_requests_in_progress_and_a_denial_takes_nothing() ->
     assert limits.admit(1) is None
 
 
+def test_per_second_quantizes_rpm_even_with_the_minute_under_its_limit() -> None:
+    """Given 600 RPM enforced per second (10 a second)
+    Then the 11th request within one second is refused with Retry-After 1, a request after the
+    oldest left the second passes, and without the option the same burst passes."""
+    clock = Clock()
+    limits = Limits(rpm=600, tpm=0, concurrency=0, clock=clock, per_second=True)
+    for _ in range(10):
+        assert limits.admit(1) is None
+        clock.now += 0.05  # 10 requests over 0.45 s
+    denial = limits.admit(1)
+    assert denial is not None and (denial.limit, denial.retry_after_s) == ("rpm_second", 1)
+    assert "600 requests per minute, enforced as 10 requests per second" in denial.message
+    assert limits.usage()["requests_in_window"] == 10  # a denial takes nothing
+    clock.now = 1000.0 + 1.0  # the first request (at 1000.0) has left the second
+    assert limits.admit(1) is None
+    assert limits.admit(1) is not None
+    unquantized = Limits(rpm=600, tpm=0, concurrency=0, clock=Clock())
+    assert all(unquantized.admit(1) is None for _ in range(100))
+
+
+def test_per_second_quantizes_tpm_and_a_large_request_needs_an_empty_second() -> None:
+    clock = Clock()
+    limits = Limits(rpm=0, tpm=60_000, concurrency=0, clock=clock, per_second=True)  # 1000 a second
+    assert limits.admit(600) is None
+    clock.now += 0.5
+    denial = limits.admit(600)
+    assert denial is not None and (denial.limit, denial.retry_after_s) == ("tpm_second", 1)
+    assert limits.admit(400) is None  # still fits the second
+    clock.now += 0.6  # the first request left the second; 400 tokens remain in it
+    assert limits.admit(1_500) is not None  # over a second's worth, into a second with tokens
+    clock.now += 0.5  # the second is empty
+    assert limits.admit(1_500) is None
+
+
 def test_zero_means_unlimited() -> None:
     limits = Limits(rpm=0, tpm=0, concurrency=0, clock=Clock())
     assert all(limits.admit(10**9) is None for _ in range(1000))

@@ -49,7 +49,8 @@ class Simulator:
 
     @classmethod
     def from_settings(cls, settings: ProviderSettings) -> Simulator:
-        sim = cls(settings, Limits(settings.rpm, settings.tpm, settings.concurrency))
+        limits = Limits(settings.rpm, settings.tpm, settings.concurrency, per_second=settings.per_second)
+        sim = cls(settings, limits)
         if settings.mode == "vllm":
             sim.engine = EngineRunner(settings.engine, settings.models[0], sim.stats.registry)
         return sim
@@ -138,7 +139,9 @@ async def chat_completions(request: Request) -> Response:
             sim.faults.give_back(fault)
         sim.stats.count(f"limited_{denial.limit}")
         body = wire.error_body(
-            denial.message, "tokens" if denial.limit == "tpm" else "requests", "rate_limit_exceeded"
+            denial.message,
+            "tokens" if denial.limit.startswith("tpm") else "requests",
+            "rate_limit_exceeded",
         )
         return error(429, body, {"Retry-After": str(denial.retry_after_s)})
     if sim.engine is not None and not sim.engine.can_ever_fit(

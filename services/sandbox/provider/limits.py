@@ -2,6 +2,11 @@
 
 Both windows slide over the last 60 seconds of admitted requests, as a real provider's do; a
 denial says which limit and how many whole seconds until it would pass (the ``Retry-After``).
+
+With ``per_second`` the limits are also quantized per second, as OpenAI documents ("60,000
+requests/minute may be enforced as 1,000 requests/second"): no sliding second admits more than
+RPM/60 requests or TPM/60 tokens, however much of the minute is left. A request larger than a
+second's worth of tokens passes only into a second that holds no tokens yet.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
 
 WINDOW_S = 60.0
+SECOND_S = 1.0
 
 
 @dataclass(frozen=True)
 class Denial:
-    limit: str  # "concurrency", "rpm" or "tpm"
+    limit: str  # "concurrency", "rpm", "tpm", or per second: "rpm_second", "tpm_second"
     retry_after_s: int
     message: str
 
@@ -29,12 +35,24 @@ class Denial:
 class Limits:
     """Admission against the three limits; 0 means unlimited. Single-threaded (one event loop)."""
 
-    def __init__(self, rpm: int, tpm: int, concurrency: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        rpm: int,
+        tpm: int,
+        concurrency: int,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        per_second: bool = False,
+    ):
         self.rpm, self.tpm, self.concurrency = rpm, tpm, concurrency
+        self.per_second = per_second
         self._clock = clock
         self._requests: deque[float] = deque()
         self._tokens: deque[tuple[float, int]] = deque()
         self._token_sum = 0
+        # The last second's admitted requests (time, tokens), for the per-second quantum.
+        self._second: deque[tuple[float, int]] = deque()
+        self._second_tokens = 0
         self.in_flight = 0
 
     def admit(self, tokens: int) -> Denial | None:
@@ -54,6 +72,12 @@ class Limits:
             return Denial(
                 "tpm", _seconds(self._tpm_wait(now, tokens)), f"Rate limit reached: {self.tpm} TPM."
             )
+        if self.per_second:
+            denial = self._second_denial(now, tokens)
+            if denial is not None:
+                return denial
+            self._second.append((now, tokens))
+            self._second_tokens += tokens
         self._requests.append(now)
         self._tokens.append((now, tokens))
         self._token_sum += tokens
@@ -68,6 +92,34 @@ class Limits:
             self._requests.popleft()
         while self._tokens and self._tokens[0][0] <= now - WINDOW_S:
             self._token_sum -= self._tokens.popleft()[1]
+        while self._second and self._second[0][0] <= now - SECOND_S:
+            self._second_tokens -= self._second.popleft()[1]
+
+    def _second_denial(self, now: float, tokens: int) -> Denial | None:
+        per_second = max(1, -(-self.rpm // 60))  # requests a second may hold (at least one)
+        if self.rpm and len(self._second) >= per_second:
+            # The oldest requests beyond the quantum have to leave the second first.
+            oldest = self._second[len(self._second) - per_second][0]
+            return Denial(
+                "rpm_second",
+                _seconds(oldest + SECOND_S - now),
+                f"Rate limit reached: {self.rpm} requests per minute, enforced as {self.rpm / 60:g}"
+                " requests per second.",
+            )
+        if self.tpm and self._second_tokens and (self._second_tokens + tokens) * 60 > self.tpm:
+            need = self._second_tokens + tokens - self.tpm / 60
+            wait = self._second[-1][0] + SECOND_S - now  # the second empties, at the latest
+            for at, used in self._second:
+                need -= used
+                if need <= 0:
+                    wait = at + SECOND_S - now
+                    break
+            return Denial(
+                "tpm_second",
+                _seconds(wait),
+                f"Rate limit reached: {self.tpm} TPM, enforced as {self.tpm / 60:g} tokens per second.",
+            )
+        return None
 
     def _tpm_wait(self, now: float, tokens: int) -> float:
         need = self._token_sum + tokens - self.tpm

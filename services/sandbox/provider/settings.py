@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from services.common.settings import SettingsError, env_float, env_int, env_set, env_str
+from services.common.settings import SettingsError, env_float, env_int, env_set, env_str, env_switch
 from services.sandbox.provider.vllm import EngineConfig
 
 Distribution = Literal["fixed", "exponential", "lognormal"]
@@ -22,6 +22,8 @@ class ProviderSettings:
     rpm: int = 0  # requests per sliding 60 s; 0 = unlimited
     tpm: int = 0  # prompt + completion tokens per sliding 60 s; 0 = unlimited
     concurrency: int = 0  # requests in progress at once; 0 = unlimited
+    # RPM and TPM also quantized per second: no sliding second admits more than RPM/60 or TPM/60
+    per_second: bool = False
     latency_ms: float = 0.0  # mean added latency before the answer
     latency_distribution: Distribution = "fixed"
     api_key: str | None = None  # None: any bearer key (or none) is accepted
@@ -52,6 +54,7 @@ class ProviderSettings:
             rpm=env_int(env, "FATURA_SANDBOX_PROVIDER_RPM", 0, lo=0, hi=10_000_000),
             tpm=env_int(env, "FATURA_SANDBOX_PROVIDER_TPM", 0, lo=0, hi=10_000_000_000),
             concurrency=env_int(env, "FATURA_SANDBOX_PROVIDER_CONCURRENCY", 0, lo=0, hi=100_000),
+            per_second=env_switch(env, "FATURA_SANDBOX_PROVIDER_PER_SECOND", False),
             latency_ms=env_float(env, "FATURA_SANDBOX_PROVIDER_LATENCY_MS", 0.0, lo=0.0, hi=600_000.0),
             latency_distribution=distribution,  # checked against DISTRIBUTIONS above
             api_key=api_key,
