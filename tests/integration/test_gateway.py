@@ -428,3 +428,27 @@ def test_worker_threads_share_one_gateway(tmp_path: Path, ch1: Sim) -> None:
     # Then every call is answered over the shared pooled client
     assert len(results) == 40 and all(r.ok for r in results)
     assert ch1.requests() == 40
+
+
+def test_a_streamed_answer_from_a_vllm_server_records_time_to_first_token_and_inter_token_latency(
+    tmp_path: Path, spawn: SpawnFn
+) -> None:
+    """Given a simulated vLLM server, which streams one frame per token as its engine makes them
+    When the gateway makes one streamed call
+    Then the hop carries its time to first token (within the hop) and its mean inter-token
+    latency, and the channel's inter-token histogram counts one gap per frame after the first."""
+    vllm = _start_sim(spawn, FATURA_SANDBOX_PROVIDER_MODE="vllm")
+    gateway = gateway_for(tmp_path, vllm.url)
+    gaps_before = _sample("fatura_provider_inter_token_latency_seconds_count", channel="ch1")
+    ttft_before = _sample("fatura_provider_time_to_first_token_seconds_count", channel="ch1")
+    result = call(gateway)
+    (hop,) = result.hops
+    assert result.ok and hop.output_tokens
+    assert hop.time_to_first_token_ms is not None and hop.latency_ms is not None
+    assert 0 <= hop.time_to_first_token_ms <= hop.latency_ms
+    assert hop.inter_token_ms is not None and hop.inter_token_ms > 0
+    assert _sample("fatura_provider_time_to_first_token_seconds_count", channel="ch1") == ttft_before + 1
+    gaps = _sample("fatura_provider_inter_token_latency_seconds_count", channel="ch1") - gaps_before
+    # One frame per token: as many gaps as tokens after the first (a piece per ~4 characters).
+    assert hop.output_tokens // 2 <= gaps + 1 <= hop.output_tokens
+    vllm.process.stop()

@@ -56,9 +56,10 @@ def test_short_and_long_documents_share_the_kv_cache_and_one_that_never_fits_fai
     """Given a local pool of 8,000 KV tokens and max_tokens 1,000
     When short invoices, a ~6,000-token one (prompt + max output fits, but no short one fits beside
     it) and a ~10,000-token one are submitted together
-    Then the short and the long ones end with an extraction, one attempt each, the pool holds
-    nothing afterwards and its tokens are the usage the provider reported; the one bigger than the
-    whole cache is FAILED_TERMINAL at once, with no attempt and a typed error saying why."""
+    Then the short and the long ones end with an extraction, one attempt each whose time to first
+    token and inter-token latency are kept, the pool holds nothing afterwards and its tokens are
+    the usage the provider reported; the one bigger than the whole cache is FAILED_TERMINAL at
+    once, with no attempt and a typed error saying why."""
     tenant = pipe.make_tenant()
     text = sample_text("02_de_buerotechnik_eur.txt")
     shorts = [pipe.submit(tenant, text) for _ in range(3)]
@@ -82,6 +83,9 @@ def test_short_and_long_documents_share_the_kv_cache_and_one_that_never_fits_fai
     for job_id in finished:
         attempts = pipe.attempts(job_id)
         assert [a["outcome"] for a in attempts] == ["ok"], attempts
+        # The server streamed the answer token by token: the attempt keeps both latencies.
+        assert 0 <= attempts[0]["time_to_first_token_ms"] <= attempts[0]["latency_ms"]
+        assert attempts[0]["inter_token_ms"] > 0
         reported += attempts[0]["input_tokens"] + attempts[0]["output_tokens"]
     assert finished[long_job]["attempt"] == 1
 

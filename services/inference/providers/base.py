@@ -85,6 +85,10 @@ class Hop:
     # What went wrong, in the provider's or the gateway's own words: for the operator's attempt log
     # only, never shown to the tenant (services/common/job_errors.py).
     error_message: str | None = None
+    # A streamed answer's time to first token (from sending) and mean inter-token latency (between
+    # content frames), in ms; None when the hop streamed no content.
+    time_to_first_token_ms: int | None = None
+    inter_token_ms: float | None = None
 
 
 @dataclass(frozen=True)

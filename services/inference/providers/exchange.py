@@ -15,6 +15,7 @@ without failover.
 
 from __future__ import annotations
 
+import itertools
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -48,6 +49,9 @@ class HopOutcome:
     silent: bool = False
     # When the first content frame of a stream arrived (time.monotonic()): time to first token.
     first_token_at: float | None = None
+    # Seconds between consecutive content frames of a stream: inter-token latency (a frame holds
+    # one token at vLLM and OpenAI; a provider that sends several per frame shows longer gaps).
+    token_gaps: tuple[float, ...] = ()
 
 
 def request_body(channel: Channel, request: ProviderRequest) -> dict[str, object]:
@@ -156,13 +160,16 @@ def _read(response: httpx.Response, deadline: float, settings: GatewaySettings) 
 
 
 def _read_stream(response: httpx.Response, deadline: float, settings: GatewaySettings) -> HopOutcome:
-    first_token: list[float] = []
-    outcome = _read_frames(response, deadline, settings, first_token)
-    return replace(outcome, first_token_at=first_token[0]) if first_token else outcome
+    token_times: list[float] = []
+    outcome = _read_frames(response, deadline, settings, token_times)
+    if not token_times:
+        return outcome
+    gaps = tuple(later - earlier for earlier, later in itertools.pairwise(token_times))
+    return replace(outcome, first_token_at=token_times[0], token_gaps=gaps)
 
 
 def _read_frames(
-    response: httpx.Response, deadline: float, settings: GatewaySettings, first_token: list[float]
+    response: httpx.Response, deadline: float, settings: GatewaySettings, token_times: list[float]
 ) -> HopOutcome:
     status = response.status_code
     opened = time.monotonic()
@@ -175,12 +182,13 @@ def _read_frames(
             return HopOutcome(
                 ErrorClass.BAD_RESPONSE, sent=True, committed=True, http_status=status, message="too large"
             )
+        texts = len(completion.parts)
         frame = completion.feed_line(line)
         now = time.monotonic()
         if not committed and now - opened >= settings.stream_gate_s:
             committed = True  # nothing decisive within the gate: a slow model is not a broken one
-        if frame is Frame.CONTENT and not first_token:
-            first_token.append(now)
+        if frame is Frame.CONTENT and (len(completion.parts) > texts or not token_times):
+            token_times.append(now)  # the first decisive frame, then each one that carries text
         if frame is not None:
             outcome = _step(completion, frame, status, committed)
             if outcome is not None:

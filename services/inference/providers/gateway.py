@@ -44,6 +44,12 @@ TIME_TO_FIRST_TOKEN = Histogram(
     ["channel"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 45),
 )
+INTER_TOKEN = Histogram(
+    "fatura_provider_inter_token_latency_seconds",
+    "Between consecutive content frames of a streamed answer (one token each at vLLM), by channel",
+    ["channel"],
+    buckets=(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1, 2.5),
+)
 TOKENS = Counter(
     "fatura_provider_tokens_total",
     "Tokens the provider reported, by channel and kind (input, output)",
@@ -172,8 +178,16 @@ class Gateway:
         HOPS.labels(channel.name, label).inc()
         if outcome.sent:
             HOP_SECONDS.labels(channel.name).observe(elapsed)
+        ttft_ms, itl_ms = None, None
         if outcome.first_token_at is not None:
-            TIME_TO_FIRST_TOKEN.labels(channel.name).observe(max(0.0, outcome.first_token_at - sent_at))
+            ttft = max(0.0, outcome.first_token_at - sent_at)
+            TIME_TO_FIRST_TOKEN.labels(channel.name).observe(ttft)
+            ttft_ms = round(ttft * 1000)
+        if outcome.token_gaps:
+            itl = INTER_TOKEN.labels(channel.name)
+            for gap in outcome.token_gaps:
+                itl.observe(gap)
+            itl_ms = round(sum(outcome.token_gaps) / len(outcome.token_gaps) * 1000, 3)
         if outcome.input_tokens:
             TOKENS.labels(channel.name, "input").inc(outcome.input_tokens)
         if outcome.output_tokens:
@@ -202,6 +216,8 @@ class Gateway:
             sent=outcome.sent,
             answered_model=outcome.model,
             error_message=outcome.message if error is not None else None,
+            time_to_first_token_ms=ttft_ms,
+            inter_token_ms=itl_ms,
         )
         return outcome, hop
 

@@ -157,6 +157,16 @@ async def chat_completions(request: Request) -> Response:
     sim.stats.in_flight(sim.limits.in_flight)
     sim.stats.count("ok" if fault is None else f"fault_{fault.mode}")
     answer = _Answer(chat, content, finish, prompt_tokens, completion_tokens, fault)
+    if sim.engine is not None and chat.stream and fault is None:
+        # As vLLM streams: the headers at once, then each token's frame when its step makes it,
+        # so a client sees the queueing and prefill as time to first token.
+        sim.stats.usage(prompt_tokens, completion_tokens)
+        progress = sim.engine.tokens(prompt_tokens, completion_tokens)
+        return StreamingResponse(
+            _released(sim, answer.paced(progress)),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
     try:
         if sim.engine is not None:
             await sim.engine.generate(prompt_tokens, completion_tokens)
@@ -212,6 +222,26 @@ class _Answer:
         if self.chat.include_usage:
             frames.append(_sse(wire.usage_chunk(cid, model, self.prompt_tokens, self.completion_tokens)))
         return [*frames, b"data: [DONE]\n\n"]
+
+    async def paced(self, progress: AsyncIterator[int]) -> AsyncIterator[bytes]:
+        """One content frame per generated token, each sent when the engine made its token."""
+        cid, model = wire.completion_id(), self.chat.model
+        tokens = max(1, self.completion_tokens)
+        deltas = wire.pieces(self.content, tokens)
+        sent = 0
+        async for generated in progress:
+            due = len(deltas) * min(generated, tokens) // tokens
+            if sent == 0 and due > 0:
+                yield _sse(wire.chunk(cid, model, {"role": "assistant", "content": ""}))
+            if due > sent:
+                yield b"".join(_sse(wire.chunk(cid, model, {"content": d})) for d in deltas[sent:due])
+                sent = due
+        tail = [_sse(wire.chunk(cid, model, {"role": "assistant", "content": ""}))] if sent == 0 else []
+        tail += [_sse(wire.chunk(cid, model, {"content": d})) for d in deltas[sent:]]
+        tail.append(_sse(wire.chunk(cid, model, {}, self.finish)))
+        if self.chat.include_usage:
+            tail.append(_sse(wire.usage_chunk(cid, model, self.prompt_tokens, self.completion_tokens)))
+        yield b"".join([*tail, b"data: [DONE]\n\n"])
 
     async def stream(self) -> AsyncIterator[bytes]:
         """The frames ``slow_stream``'s ``delay_s`` apart."""

@@ -1,8 +1,9 @@
 """Runs the simulated vLLM engine (``vllm.py``) on the event loop and serves vLLM's metric names.
 
 One task steps the engine while it has work, sleeping each step's duration; a request waits for
-its sequence to finish. The metrics keep vLLM's names and ``model_name`` label, so a dashboard or
-bench reads this simulator and a real vLLM server alike.
+its sequence to finish, or a streamed one follows its tokens as each step makes them. The metrics
+keep vLLM's names and ``model_name`` label, so a dashboard or bench reads this simulator and a
+real vLLM server alike.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import AsyncIterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -24,6 +26,7 @@ class EngineRunner:
         self.engine = Engine(config)
         self._model = model_name
         self._done: dict[int, asyncio.Future[Sequence]] = {}
+        self._progress: dict[int, asyncio.Queue[int]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         labels = ["model_name"]
@@ -68,6 +71,25 @@ class EngineRunner:
         return self.engine.can_ever_fit(prompt_tokens, output_tokens)
 
     async def generate(self, prompt_tokens: int, output_tokens: int) -> Sequence:
+        _, future = self._add(prompt_tokens, output_tokens)
+        return await future
+
+    async def tokens(self, prompt_tokens: int, output_tokens: int) -> AsyncIterator[int]:
+        """The count of tokens generated so far, each time a step makes one (the first when its
+        prefill completes), until the sequence finishes."""
+        seq, future = self._add(prompt_tokens, output_tokens)
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        self._progress[seq.seq_id] = queue
+        try:
+            generated = 0
+            while generated < seq.output_tokens:
+                generated = await queue.get()
+                yield generated
+            await future
+        finally:
+            self._progress.pop(seq.seq_id, None)
+
+    def _add(self, prompt_tokens: int, output_tokens: int) -> tuple[Sequence, asyncio.Future[Sequence]]:
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._run())
@@ -76,7 +98,7 @@ class EngineRunner:
         self._done[seq.seq_id] = future
         self._wake.set()
         self._publish()
-        return await future
+        return seq, future
 
     async def close(self) -> None:
         if self._task is not None:
@@ -101,6 +123,10 @@ class EngineRunner:
             self.preemptions.labels(m).inc(len(result.preempted))
             self._publish()
             await asyncio.sleep(result.duration_s)
+            for seq in result.emitted:
+                queue = self._progress.get(seq.seq_id)
+                if queue is not None:
+                    queue.put_nowait(seq.generated)
             for seq in result.first_tokens:
                 if seq.first_token_at is not None:
                     self.ttft.labels(m).observe(seq.first_token_at - seq.arrived_at)

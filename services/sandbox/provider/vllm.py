@@ -57,6 +57,7 @@ class StepResult:
     finished: list[Sequence]
     first_tokens: list[Sequence]
     preempted: list[Sequence]
+    emitted: list[Sequence] = field(default_factory=list)  # every sequence that made a token
 
 
 class Engine:
@@ -168,8 +169,10 @@ class Engine:
         end = now + duration
         finished: list[Sequence] = []
         first_tokens: list[Sequence] = []
+        emitted: list[Sequence] = []
         for seq in self.running:
             if seq in decoding or seq in emitting:
+                emitted.append(seq)
                 seq.prefilling = False
                 seq.generated += 1
                 seq.token_times.append(end)
@@ -182,4 +185,4 @@ class Engine:
         for seq in finished:
             self.running.remove(seq)
             self.blocks_used -= self._held(seq)
-        return StepResult(duration, finished, first_tokens, preempted)
+        return StepResult(duration, finished, first_tokens, preempted, emitted)
