@@ -1,9 +1,11 @@
 """Claims and completions: the short, fenced transactions through which a worker owns a job.
 
 A claim picks the next job by the fair-share choice, asks the limiter for a permit for it, and in
-the same short transaction either starts it (``RUNNING``, attempt + 1, fence + 1, a lease) or
-defers it (``available_at`` moved by the limiter's retry-after: not an attempt). The limiter call
-is bounded by the client's 50 ms deadline; no provider call ever happens inside a transaction.
+the same short transaction either starts it (``RUNNING``, attempt + 1, fence + 1, a lease, and the
+document and master data its attempt reads) or defers it (``available_at`` moved by the limiter's
+retry-after: not an attempt). The limiter call is bounded by the client's deadline; no provider
+call ever happens inside a transaction. A completion that writes an outbox event wakes the relay
+through the worker's coalescing nudge, not with a NOTIFY transaction of its own.
 
 A completion is conditional on ``state = 'RUNNING' AND fence = :fence AND lease_until > now()``.
 Zero rows updated means ownership was lost: the result is discarded, the job is not touched, and
@@ -14,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -30,6 +33,7 @@ from services.common.uow import JobChange, UnitOfWork, unit_of_work
 from services.inference import metrics
 from services.inference.fairness import TenantLoad, order_tenants, prefer
 from services.inference.providers.base import Hop
+from services.inference.validation import MasterSupplier, ValidationContext, normalize_tax_id
 from services.limiter import Denial, Grant, NeverAdmittable
 
 log = logging.getLogger(__name__)
@@ -72,6 +76,9 @@ class ClaimedJob:
 class Started:
     job: ClaimedJob
     grant: Grant
+    # What validation compares the answer against, read in the claim's transaction; its
+    # source_text is also the prompt's document.
+    context: ValidationContext
 
 
 @dataclass(frozen=True)
@@ -123,8 +130,12 @@ class Claims:
         model: str,
         lease_seconds: float,
         aging_seconds: float,
+        nudge: Callable[[], None] | None = None,
     ) -> None:
+        """``nudge`` wakes the relay after a completion that wrote an outbox event (the worker's
+        coalescing ``RelayNudge.poke``); without it each such completion sends its own NOTIFY."""
         self._pool = pool
+        self._nudge = nudge
         self._worker_id = worker_id
         self._model = model
         self._lease_seconds = lease_seconds
@@ -155,12 +166,13 @@ class Claims:
 
     def _claim(self, acquire: Acquire) -> Started | Deferred | Refused | None:
         with unit_of_work(self._pool) as uow:
-            loads = [TenantLoad(**_load_fields(row)) for row in uow.execute(Q["tenant_loads"]).fetchall()]
-            if not loads:
+            rows = uow.execute(Q["tenant_loads"]).fetchall()
+            if not rows:
                 return None
-            now = uow.execute("SELECT now() AS now").fetchone()["now"]  # type: ignore[index]
-            for tenant_id in order_tenants(loads, now, self._aging):
-                head = self._head(uow, tenant_id)
+            now = rows[0]["now"]
+            loads = {row["tenant_id"]: TenantLoad(**_load_fields(row)) for row in rows}
+            for tenant_id in order_tenants(list(loads.values()), now, self._aging):
+                head = self._head(uow, loads[tenant_id])
                 if head is None:
                     continue  # its due jobs are being claimed by other slots right now
                 with tracing.span(
@@ -184,7 +196,8 @@ class Claims:
                     uow.execute(Q["defer_job"], {"job_id": head["id"], "seconds": seconds})
                     metrics.DEFERRALS.labels(decision.reason.value).inc()
                     return Deferred(head["id"], decision.reason.value, decision.retry_after_ms)
-                return Started(self._start(uow, head["id"]), decision)
+                job, context = self._start(uow, head["id"])
+                return Started(job, decision, context)
             return None
 
     def _refuse(self, uow: UnitOfWork, job_id: uuid.UUID, why: str) -> Refused:
@@ -201,19 +214,22 @@ class Claims:
         log.warning("job %s failed: no wait could admit it (%s)", job_id, why)
         return Refused(job_id, why, row["priority"], row["since_accepted"])
 
-    def _head(self, uow: UnitOfWork, tenant_id: uuid.UUID) -> dict[str, Any] | None:
-        heads = {
-            priority: uow.execute(Q["head_job"], {"tenant_id": tenant_id, "priority": priority}).fetchone()
-            for priority in ("interactive", "batch")
-        }
-        choice = prefer(
-            heads["interactive"]["available_at"] if heads["interactive"] else None,
-            heads["batch"]["available_at"] if heads["batch"] else None,
-            self._aging,
-        )
-        return heads[choice] if choice else None
+    def _head(self, uow: UnitOfWork, load: TenantLoad) -> dict[str, Any] | None:
+        """Lock the tenant's next due job: of the priority its heads prefer, else of the other one.
 
-    def _start(self, uow: UnitOfWork, job_id: uuid.UUID) -> ClaimedJob:
+        The load's heads are read a moment earlier and include jobs other slots hold or that are
+        not due yet, so the other priority is the fallback when the preferred one has none free.
+        """
+        first = prefer(load.interactive_head, load.batch_head, self._aging)
+        if first is None:
+            return None
+        for priority in (first, "batch" if first == "interactive" else "interactive"):
+            head = uow.execute(Q["head_job"], {"tenant_id": load.tenant_id, "priority": priority}).fetchone()
+            if head is not None:
+                return head
+        return None
+
+    def _start(self, uow: UnitOfWork, job_id: uuid.UUID) -> tuple[ClaimedJob, ValidationContext]:
         params = {
             "job_id": job_id,
             "lease_seconds": self._lease_seconds,
@@ -222,12 +238,19 @@ class Claims:
         }
         row = uow.execute(Q["start_job"], params).fetchone()
         assert row is not None, "the head row is locked by this transaction"
+        assert row["text"] is not None, "a claimed job has its document"
+        suppliers = uow.execute(Q["tenant_suppliers"], {"tenant_id": row["tenant_id"]}).fetchall()
+        context = ValidationContext(
+            source_text=row["text"],
+            allowed_currencies=frozenset(row["allowed_currencies"]),
+            suppliers={normalize_tax_id(r["tax_id"]): _supplier(r) for r in suppliers},
+        )
         uow.record(
             JobChange(
                 row["tenant_id"], job_id, states.RUNNING, row["state_version"], None, _claim_detail(row)
             )
         )
-        return ClaimedJob(
+        job = ClaimedJob(
             job_id=row["id"],
             tenant_id=row["tenant_id"],
             state_version=row["state_version"],
@@ -241,6 +264,7 @@ class Claims:
             priority=row["priority"],
             traceparent=tracing.valid(row["traceparent"]),
         )
+        return job, context
 
     def complete(self, job: ClaimedJob, completion: Completion) -> bool:
         """Write the attempt's outcome if this worker still owns the job; False when it was stale."""
@@ -258,7 +282,7 @@ class Claims:
             "available_at": completion.available_at,
             "terminal": completion.state in states.TERMINAL,
         }
-        with unit_of_work(self._pool) as uow:
+        with self._completion_unit() as uow:
             row = uow.execute(Q["complete_job"], params).fetchone()
             if row is not None:
                 if not completion.refund_attempt:
@@ -288,6 +312,8 @@ class Claims:
                         },
                     )
         if row is not None:
+            if uow.recorded and self._nudge is not None:
+                self._nudge()
             # Observed once the transition committed: a rolled-back completion is not an outcome.
             sli.observe_completion(row["priority"], completion.state, row["since_accepted"])
             return True
@@ -301,6 +327,17 @@ class Claims:
             job.attempt,
         )
         return False
+
+    @contextmanager
+    def _completion_unit(self) -> Iterator[UnitOfWork]:
+        if self._nudge is None:
+            with unit_of_work(self._pool) as uow:
+                yield uow
+            return
+        with self._pool.connection() as conn:
+            uow = UnitOfWork(conn)
+            with conn.transaction():
+                yield uow
 
     def _log_hops(self, uow: UnitOfWork, job: ClaimedJob, hops: tuple[Hop, ...], *, stale: bool) -> None:
         for hop in hops:
@@ -351,6 +388,10 @@ def _load_fields(row: Mapping[str, Any]) -> dict[str, Any]:
         k: row[k]
         for k in ("tenant_id", "weight", "max_in_flight", "running", "interactive_head", "batch_head")
     }
+
+
+def _supplier(row: Mapping[str, Any]) -> MasterSupplier:
+    return MasterSupplier(row["tax_id"], row["name"], row["iban"], row["currency"])
 
 
 def _claim_detail(row: Mapping[str, Any]) -> dict[str, Any]:

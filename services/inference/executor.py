@@ -17,16 +17,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, TypeVar
 
 from psycopg_pool import ConnectionPool
 
 from services.common import faults, logs, tracing
 from services.common.failures import is_transient
-from services.common.queries import load_queries
 from services.inference import metrics
 from services.inference.claims import ClaimedJob, Claims, Completion, Deferred, Refused, Started, request_key
+from services.inference.nudge import RelayNudge
 from services.inference.outcomes import WORKER_ERROR, decide
 from services.inference.permits import AttemptPermits
 from services.inference.prompt import build_messages
@@ -34,14 +33,13 @@ from services.inference.providers.base import Provider, ProviderRequest, Provide
 from services.inference.providers.cancel import CallScope
 from services.inference.retry import RetryPolicy
 from services.inference.settings import InferenceSettings
-from services.inference.validation import MasterSupplier, ValidationContext, normalize_tax_id, validate
+from services.inference.validation import validate
 from services.limiter import Denial, DenyReason, Grant, LimiterClient, LimiterError, Outcome, PermitNotHeld
 
 log = logging.getLogger(__name__)
 
 # Denials that say the pool itself is full, not one tenant: no other job could be started now.
 POOL_WIDE = frozenset({DenyReason.RPM, DenyReason.TPM, DenyReason.IN_FLIGHT, DenyReason.COOLDOWN})
-Q = load_queries(Path(__file__).with_name("sql") / "inference.sql")
 T = TypeVar("T")
 
 
@@ -64,12 +62,14 @@ class Executor:
         self._pool = pool
         self._limiter = limiter
         self._provider = provider
+        self._nudge = RelayNudge(pool)
         self._claims = Claims(
             pool,
             worker_id=settings.worker_id,
             model=settings.model,
             lease_seconds=settings.lease_seconds,
             aging_seconds=settings.priority_aging_seconds,
+            nudge=self._nudge.poke,
         )
         self._policy = RetryPolicy(
             max_attempts=settings.max_attempts,
@@ -110,6 +110,7 @@ class Executor:
     def stop(self) -> None:
         self._stopping.set()
         self._threads.shutdown(wait=True, cancel_futures=True)
+        self._nudge.close()
 
     def _slot(self) -> None:
         try:
@@ -195,12 +196,10 @@ class Executor:
         metrics.IN_FLIGHT.inc()
         t0 = time.monotonic()
         try:
-            text, context = self._through_blips(
-                f"job {job.job_id}: reading its document", lambda: self._context(job.job_id, job.tenant_id)
-            )
+            context = started.context
             request = ProviderRequest(
                 model=self._s.model,
-                messages=build_messages(text, job.schema_version),
+                messages=build_messages(context.source_text, job.schema_version),
                 max_output_tokens=self._s.max_output_tokens,
                 deadline_s=self._s.attempt_deadline_seconds,
                 request_id=f"{job.job_id}:{job.attempt}",
@@ -248,20 +247,6 @@ class Executor:
                 log.warning("%s failed (%s: %s); retrying in %.1fs", what, type(exc).__name__, exc, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
-
-    def _context(self, job_id: uuid.UUID, tenant_id: uuid.UUID) -> tuple[str, ValidationContext]:
-        with self._pool.connection() as conn:
-            row = conn.execute(Q["job_context"], {"job_id": job_id}).fetchone()
-            assert row is not None, "a claimed job has its document"
-            suppliers = conn.execute(Q["tenant_suppliers"], {"tenant_id": tenant_id}).fetchall()
-        master = {
-            normalize_tax_id(s["tax_id"]): MasterSupplier(s["tax_id"], s["name"], s["iban"], s["currency"])
-            for s in suppliers
-        }
-        context = ValidationContext(
-            source_text=row["text"], allowed_currencies=frozenset(row["allowed_currencies"]), suppliers=master
-        )
-        return row["text"], context
 
     def _beat(self) -> None:
         while not self._stopping.wait(self._s.heartbeat_seconds):

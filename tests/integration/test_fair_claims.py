@@ -60,7 +60,7 @@ def _claims(pool: SyncPool) -> Claims:
     return Claims(pool, worker_id="test", model="m", lease_seconds=60, aging_seconds=30)
 
 
-def _grant(tenant_id: uuid.UUID, tokens: int) -> Grant:
+def _grant(tenant_id: uuid.UUID, tokens: int, request_key: str) -> Grant:
     return Grant(permit_id=f"p-{uuid.uuid4()}", lease_expires_at_ms=0)
 
 
@@ -128,7 +128,7 @@ def test_a_permit_granted_inside_a_claim_whose_transaction_fails_is_released_as_
     _queue_jobs(fresh_pool, tenant_id, 1)
     released: list[str] = []
 
-    def grant_then_lose_the_session(tenant: uuid.UUID, tokens: int) -> Grant:
+    def grant_then_lose_the_session(tenant: uuid.UUID, tokens: int, request_key: str) -> Grant:
         with psycopg.connect(f"{database_url}_fair", autocommit=True) as admin:
             admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"

@@ -34,25 +34,26 @@ LIMIT 1
 FOR UPDATE SKIP LOCKED
 
 -- name: start_job
-UPDATE extraction_jobs
-SET state = 'RUNNING', state_version = state_version + 1, attempt = attempt + 1, fence = fence + 1,
-    lease_until = now() + make_interval(secs => %(lease_seconds)s), claimed_by = %(worker_id)s,
-    model = %(model)s, updated_at = now()
-WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED')
-RETURNING id, tenant_id, state, state_version, attempt, fence, lease_until, document_id,
-          document_version, estimated_tokens, deadline_at, schema_version, priority, traceparent
+-- Starts the locked head job and reads, in the same statement, what its attempt needs: the
+-- document's text and the tenant's allowed currencies (no second transaction per job).
+WITH started AS (
+    UPDATE extraction_jobs
+    SET state = 'RUNNING', state_version = state_version + 1, attempt = attempt + 1, fence = fence + 1,
+        lease_until = now() + make_interval(secs => %(lease_seconds)s), claimed_by = %(worker_id)s,
+        model = %(model)s, updated_at = now()
+    WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED')
+    RETURNING id, tenant_id, state, state_version, attempt, fence, lease_until, document_id,
+              document_version, estimated_tokens, deadline_at, schema_version, priority, traceparent
+)
+SELECT s.*, d.text, t.allowed_currencies
+FROM started s
+LEFT JOIN documents d ON d.tenant_id = s.tenant_id AND d.id = s.document_id AND d.version = s.document_version
+LEFT JOIN tenants t ON t.id = s.tenant_id
 
 -- name: defer_job
 UPDATE extraction_jobs
 SET available_at = greatest(available_at, now() + make_interval(secs => %(seconds)s)), updated_at = now()
 WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED')
-
--- name: job_context
-SELECT d.text, t.allowed_currencies
-FROM extraction_jobs j
-JOIN documents d ON d.tenant_id = j.tenant_id AND d.id = j.document_id AND d.version = j.document_version
-JOIN tenants t ON t.id = j.tenant_id
-WHERE j.id = %(job_id)s
 
 -- name: tenant_suppliers
 SELECT tax_id, name, iban, currency FROM suppliers WHERE tenant_id = %(tenant_id)s

@@ -1,0 +1,134 @@
+"""A job's start and its completion each take one short transaction: the claim reads what the attempt
+needs (document, allowed currencies, master data) with the start, and completions wake the relay
+through one coalesced NOTIFY instead of one transaction each."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from fix_db import drop_database, recreate_database
+from services.acceptance.tenants import TenantSpec, create_tenant
+from services.common import events, states
+from services.common.db import SyncPool, sync_pool
+from services.common.migrate import migrate
+from services.common.settings import CommonSettings
+from services.inference.claims import Claims, Completion, Started
+from services.inference.nudge import RelayNudge
+from services.limiter.model import Grant
+
+TEXT = "Invoice INV-1\fTotal 118.00 EUR"
+
+
+@pytest.fixture
+def fresh_pool(database_url: str) -> Iterator[SyncPool]:
+    """A database no running worker or relay watches, so only this test claims and listens."""
+    url = f"{database_url}_claimtx"
+    recreate_database(url)
+    migrate(url)
+    with sync_pool(CommonSettings(database_url=url), name="claimtx", max_size=3) as pool:
+        yield pool
+    drop_database(url)
+
+
+def _queue_job(pool: SyncPool, tenant_id: uuid.UUID) -> uuid.UUID:
+    doc_id, job_id = uuid.uuid4(), uuid.uuid4()
+    with pool.connection() as conn:
+        conn.execute(
+            "INSERT INTO documents (tenant_id, id, version, sha256, size_bytes, text)"
+            " VALUES (%s, %s, 1, 'x', 1, %s)",
+            (tenant_id, doc_id, TEXT),
+        )
+        conn.execute(
+            """
+            INSERT INTO extraction_jobs (id, tenant_id, idempotency_key, request_hash, document_id,
+                document_version, object_version, doc_bytes, estimated_tokens, schema_version,
+                policy_version, model_policy, priority, state, available_at, deadline_at, created_at)
+            VALUES (%s, %s, 'k', 'h', %s, 1, 'v1', 1, 10, 'invoice.v1', 'p', 'default', 'batch',
+                    'READY', now(), now() + interval '1 day', now())
+            """,
+            (job_id, tenant_id, doc_id),
+        )
+        conn.execute(
+            "INSERT INTO suppliers (tenant_id, tax_id, name, iban, currency)"
+            " VALUES (%s, '1234567890', 'Acme', NULL, 'EUR')",
+            (tenant_id,),
+        )
+    return job_id
+
+
+def _grant(*_: object) -> Grant:
+    return Grant(permit_id=f"p-{uuid.uuid4()}", lease_expires_at_ms=0)
+
+
+def _never_released(grant: Grant) -> None:
+    raise AssertionError(f"permit {grant.permit_id} was released, but its claim committed")
+
+
+def test_a_started_claim_carries_its_document_currencies_and_master_data(fresh_pool: SyncPool) -> None:
+    # Given a tenant with one due job and one supplier
+    tenant_id, _ = create_tenant(fresh_pool, TenantSpec(name="ctx", allowed_currencies=("EUR", "TRY")))
+    job_id = _queue_job(fresh_pool, tenant_id)
+    # When a slot claims it
+    started = Claims(fresh_pool, worker_id="t", model="m", lease_seconds=60, aging_seconds=30).claim(
+        _grant, _never_released
+    )
+    # Then the start hands over what validation needs, read in the claim's own transaction
+    assert isinstance(started, Started) and started.job.job_id == job_id
+    assert started.context.source_text == TEXT
+    assert started.context.allowed_currencies == frozenset({"EUR", "TRY"})
+    assert [s.name for s in started.context.suppliers.values()] == ["Acme"]
+
+
+def test_a_completion_with_an_outbox_event_wakes_the_relay_through_the_nudge_only(
+    fresh_pool: SyncPool, database_url: str
+) -> None:
+    # Given a started job, a relay listening, and a worker whose completions nudge
+    tenant_id, _ = create_tenant(fresh_pool, TenantSpec(name="nudge"))
+    _queue_job(fresh_pool, tenant_id)
+    nudges: list[int] = []
+    claims = Claims(
+        fresh_pool,
+        worker_id="t",
+        model="m",
+        lease_seconds=60,
+        aging_seconds=30,
+        nudge=lambda: nudges.append(1),
+    )
+    started = claims.claim(_grant, _never_released)
+    assert isinstance(started, Started)
+    with psycopg.connect(f"{database_url}_claimtx", autocommit=True) as listener:
+        listener.execute("LISTEN fatura_outbox")
+        # When the attempt completes with a state that publishes an event
+        assert claims.complete(started.job, Completion(states.SUCCEEDED, (), result={"x": 1}))
+        # Then the completion sent no NOTIFY of its own: it nudged once
+        assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+    assert nudges == [1]
+    with fresh_pool.connection() as conn:
+        row = conn.execute(
+            "SELECT count(*) AS n FROM outbox_events WHERE job_id = %s AND event_type = %s",
+            (started.job.job_id, events.EXTRACTION_COMPLETED),
+        ).fetchone()
+    assert row is not None and row["n"] == 1
+
+
+def test_many_pokes_in_a_burst_send_few_notifies_and_none_is_lost(
+    fresh_pool: SyncPool, database_url: str
+) -> None:
+    # Given a relay listening and the worker's nudge
+    nudge = RelayNudge(fresh_pool, window=0.2)
+    try:
+        with psycopg.connect(f"{database_url}_claimtx", autocommit=True) as listener:
+            listener.execute("LISTEN fatura_outbox")
+            # When 200 completions poke it at once
+            for _ in range(200):
+                nudge.poke()
+            # Then the relay is woken, by far fewer NOTIFYs than pokes
+            woken = list(listener.notifies(timeout=3.0, stop_after=200))
+    finally:
+        nudge.close()
+    assert 1 <= len(woken) <= 5
+    assert {n.channel for n in woken} == {"fatura_outbox"}
