@@ -174,7 +174,7 @@ async def run_side(side: Side, docs: list[str], args: argparse.Namespace, addres
             )
             if reply.HasField("granted"):
                 break
-            # The same request_key when asking again: the head of a local pool's line keeps its place.
+            # The same request_key when asking again: it keeps its place in a local pool's KV line.
             await asyncio.sleep(min(reply.denied.retry_after_ms, 50) / 1000)
         permit = reply.granted.permit_id
         usage = {"prompt_tokens": 0, "completion_tokens": 0}

@@ -35,7 +35,7 @@ class ServerLimits:
     max_cooldown_ms: int = 3_600_000
     permit_retention_ms: int = 3_600_000
     in_flight_retry_cap_ms: int = 1_000
-    # How long the head of a local pool's KV line keeps its place without asking again.
+    # How long a request keeps its place in a local pool's KV line without asking again.
     kv_head_hold_ms: int = 2_000
 
 
@@ -83,8 +83,9 @@ class KeyLayout:
         return f"{self._base(pool)}:kvheld"
 
     def kv_head(self, pool: str) -> str:
-        """A local pool's oldest request turned away for KV tokens: "permit_id tokens"."""
-        return f"{self._base(pool)}:kvhead"
+        """A local pool's line of requests turned away for KV tokens, whose oldest heads it:
+        permit_id -> "joined_ms tokens last_ask_ms"."""
+        return f"{self._base(pool)}:kvline"
 
     def pace(self, pool: str) -> str:
         """A paced pool's GCRA theoretical arrival times: {r: next request, t: next token} (ms)."""

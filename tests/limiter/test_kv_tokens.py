@@ -145,6 +145,28 @@ def test_the_first_request_turned_away_heads_the_line_so_short_ones_cannot_starv
     assert isinstance(store.execute(limiter.acquire(ask("gpu", 1_000, 500, "short"))), Grant)
 
 
+def test_the_line_is_first_come_first_served_not_whoever_asks_first_after_a_grant(
+    ops: tuple[LimiterOps, RedisStore],
+) -> None:
+    """Given long requests A, B and C turned away in that order, when A has been granted and the
+    cache frees again, then B is granted before C even though C asked first: the next oldest
+    heads the line."""
+    limiter, store = ops
+    running = store.execute(limiter.acquire(ask("gpu", 7_000, 1_000, "running")))
+    assert isinstance(running, Grant)
+    for key in ("a", "b", "c"):
+        denied = store.execute(limiter.acquire(ask("gpu", 11_000, 1_000, key)))
+        assert isinstance(denied, Denial) and denied.reason is DenyReason.KV_TOKENS
+    store.execute(limiter.release(running.permit_id, Outcome.COMPLETED, 7_000, 300))
+    assert isinstance(store.execute(limiter.acquire(ask("gpu", 11_000, 1_000, "b"))), Denial)
+    a = store.execute(limiter.acquire(ask("gpu", 11_000, 1_000, "a")))
+    assert isinstance(a, Grant)
+    assert isinstance(store.execute(limiter.acquire(ask("gpu", 11_000, 1_000, "c"))), Denial)
+    store.execute(limiter.release(a.permit_id, Outcome.COMPLETED, 11_000, 300))
+    assert isinstance(store.execute(limiter.acquire(ask("gpu", 11_000, 1_000, "c"))), Denial)
+    assert isinstance(store.execute(limiter.acquire(ask("gpu", 11_000, 1_000, "b"))), Grant)
+
+
 def test_a_head_of_the_line_that_stops_asking_loses_its_place(ops: tuple[LimiterOps, RedisStore]) -> None:
     limiter, store = ops
     short_hold = LimiterOps(

@@ -11,8 +11,8 @@
 --                            because the permit id is derived from the request_key
 -- KEYS[9] kvheld     hash    permit_id -> KV tokens held      a local pool's in-flight context
 --                            tokens; an entry counts while its lease in KEYS[1] is live
--- KEYS[10] kvhead    string  "permit_id tokens", PX-expiring  the oldest request a KV denial
---                            turned away: later requests leave room for it (no starvation)
+-- KEYS[10] kvline    hash    permit_id -> "joined_ms tokens last_ask_ms"   the requests a KV
+--                            denial turned away, oldest first: the oldest heads the line
 -- KEYS[11] pace      hash    {r, t}: theoretical arrival times (ms) of the pool's next request
 --                            and next token (GCRA); only with ARGV[16] = 'gcra'
 -- ARGV[1]  permit_id
@@ -29,7 +29,7 @@
 -- ARGV[12] cap (ms) on the retry hint of an in-flight denial
 -- ARGV[13] KV token capacity of a local pool (-1: the pool has no such dimension)
 -- ARGV[14] KV tokens this request holds while in flight (prompt + max output, in whole blocks)
--- ARGV[15] how long (ms) the head of the KV line keeps its place without asking again
+-- ARGV[15] how long (ms) a request keeps its place in the KV line without asking again
 -- ARGV[16] pacing: 'gcra' (one request every window_ms/rpm ms, each token window_ms/tpm ms, on
 --          top of the window's caps) or 'window' (the window's caps alone: it may be spent at once)
 -- ARGV[17] burst_ms: with 'gcra', how far ahead of now the paces may run (at least one request)
@@ -210,24 +210,44 @@ if in_flight >= max_in_flight then
   deny('IN_FLIGHT', math.min(tonumber(first[2]) - now, in_flight_hint_cap))
 end
 
--- The first request a KV denial turned away heads the line: until it is granted (or stops
--- asking), later requests only get what it leaves, so a long document is not starved by short
--- ones slipping into every gap.
-local kv_head = nil
+-- Requests a KV denial turned away wait in a line, in the order they were first turned away.
+-- The oldest heads it: until it is granted (or stops asking), every other request gets only the
+-- KV it leaves, so a long document is not starved by short ones slipping into every gap; and when
+-- it is granted the next oldest heads the line, not whichever request happens to ask first.
+-- Bounded by the requests that asked within the hold time (at most 1024 join).
+local in_line = false
 if kv_capacity >= 0 then
-  local kv_limit = kv_capacity
-  local head = redis.call('GET', KEYS[10])
-  if head then
-    local space = string.find(head, ' ')
-    kv_head = string.sub(head, 1, space - 1)
-    if kv_head ~= pid then kv_limit = kv_capacity - tonumber(string.sub(head, space + 1)) end
+  local hold = tonumber(ARGV[15])
+  local head, head_joined, head_tokens, joined_at = nil, nil, 0, now
+  local line = redis.call('HGETALL', KEYS[10])
+  for i = 1, #line, 2 do
+    local who = line[i]
+    local joined, held, last = string.match(line[i + 1], '^(%d+) (%d+) (%d+)$')
+    joined, held, last = tonumber(joined), tonumber(held), tonumber(last)
+    if last + hold < now then
+      redis.call('HDEL', KEYS[10], who)  -- it stopped asking: it leaves the line
+    else
+      if who == pid then
+        in_line = true
+        joined_at = joined
+      end
+      if head == nil or joined < head_joined or (joined == head_joined and who < head) then
+        head, head_joined, head_tokens = who, joined, held
+      end
+    end
   end
-  if kv_used + kv_tokens > kv_limit then
+  local kv_limit = kv_capacity
+  if head ~= nil and head ~= pid then kv_limit = kv_capacity - head_tokens end
+  local kv_denied = kv_used + kv_tokens > kv_limit
+  if kv_denied then
     -- A release frees KV at any moment; the soonest lease expiry is the latest it must free.
     deny('KV_TOKENS', math.min((kv_soonest or now) - now, in_flight_hint_cap))
-    if kv_head == nil or kv_head == pid then
-      redis.call('SET', KEYS[10], pid .. ' ' .. kv_tokens, 'PX', tonumber(ARGV[15]))
-    end
+  end
+  if in_line or (kv_denied and #line < 2048) then
+    -- Asking again keeps the place; a grant below takes the request out of the line.
+    redis.call('HSET', KEYS[10], pid, joined_at .. ' ' .. kv_tokens .. ' ' .. now)
+    redis.call('PEXPIRE', KEYS[10], hold * 2)
+    in_line = true
   end
 end
 
@@ -258,7 +278,7 @@ extend_to(KEYS[6], expires)
 if kv_capacity >= 0 then
   -- No TTL: a renewed lease outlives any expiry set here; stale entries are pruned above.
   redis.call('HSET', KEYS[9], pid, kv_tokens)
-  if kv_head == pid then redis.call('DEL', KEYS[10]) end
+  if in_line then redis.call('HDEL', KEYS[10], pid) end
 end
 redis.call('ZADD', KEYS[2], now, pid)
 redis.call('HSET', KEYS[3], pid, tokens)
