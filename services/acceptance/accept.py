@@ -16,10 +16,13 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -35,6 +38,8 @@ from services.common.ids import new_id
 from services.common.uow import JobChange, OutboxNotifier
 
 JSON = dict[str, Any]
+# Written in the transaction that inserts a new job, with its id (the Kafka ingress's inbox row).
+Within = Callable[[AsyncConnection[Any], uuid.UUID], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,11 @@ class Acceptor:
         self._settings = settings
         self._usage = UsageCache(settings.admission_cache_seconds)
 
-    async def accept(self, tenant: Tenant, key: str, request: CreateJob) -> Accepted:
+    async def accept(
+        self, tenant: Tenant, key: str, request: CreateJob, *, within: Within | None = None
+    ) -> Accepted:
+        """Accept the job, or answer as a replay of its key; ``within`` is written in the same
+        transaction as a new job (a replay writes nothing, so it is not called)."""
         plan: Plan | None = None
         if isinstance(request.document, DocumentBody):
             plan = plan_job(
@@ -107,11 +116,11 @@ class Acceptor:
             usage = self._usage.recent(tenant.id)
             if usage is not None and self._comfortable(tenant, usage, plan.cost):
                 # Far from every limit: a replay of this key is caught by the write itself.
-                return await self._write(tenant, key, request, plan, usage)
-        return await self._accept_after_reading(tenant, key, request, plan)
+                return await self._write(tenant, key, request, plan, usage, within)
+        return await self._accept_after_reading(tenant, key, request, plan, within)
 
     async def _accept_after_reading(
-        self, tenant: Tenant, key: str, request: CreateJob, plan: Plan | None
+        self, tenant: Tenant, key: str, request: CreateJob, plan: Plan | None, within: Within | None
     ) -> Accepted:
         """The careful path: read the key's job, the document and the counters, then decide."""
         ref_id = None if isinstance(request.document, DocumentBody) else request.document.document_id
@@ -164,7 +173,7 @@ class Acceptor:
         if rejection is not None:
             metrics.ADMISSION_REJECTIONS.labels(rejection.limit).inc()
             raise refusal(rejection)
-        return await self._write(tenant, key, request, plan, usage)
+        return await self._write(tenant, key, request, plan, usage, within)
 
     def _comfortable(self, tenant: Tenant, usage: admission.Usage, cost: admission.JobCost) -> bool:
         return admission.comfortably_within(
@@ -172,11 +181,22 @@ class Acceptor:
         )
 
     async def _write(
-        self, tenant: Tenant, key: str, request: CreateJob, plan: Plan, usage: admission.Usage
+        self,
+        tenant: Tenant,
+        key: str,
+        request: CreateJob,
+        plan: Plan,
+        usage: admission.Usage,
+        within: Within | None,
     ) -> Accepted:
         params = write_params(self._settings, tenant.id, key, request, plan, new_id())
         async with self._pool.connection() as conn:
-            row = await (await conn.execute(Q["accept_job"], params)).fetchone()
+            async with AsyncExitStack() as transaction:
+                if within is not None:  # one statement is its own transaction otherwise
+                    await transaction.enter_async_context(conn.transaction())
+                row = await (await conn.execute(Q["accept_job"], params)).fetchone()
+                if row is not None and within is not None:
+                    await within(conn, row["id"])
             if row is None:
                 # The key was taken first (now, or by an earlier request): answer as its replay.
                 existing = await (

@@ -108,8 +108,27 @@ PROCESSES: tuple[ProcessSpec, ...] = (
 )
 
 
+# Not part of `fatura up`'s stack: each runs with `fatura run NAME` where a Kafka cluster is wanted.
+OPTIONAL_PROCESSES: tuple[ProcessSpec, ...] = (
+    ProcessSpec(
+        "kafka-ingress",
+        "services.acceptance.kafka.ingress:main",
+        "acceptance (optional): accept extraction requests from a Kafka topic (metrics :9188)",
+        "services.acceptance.kafka.settings:ingress_ready_url",
+        extra="kafka",
+    ),
+    ProcessSpec(
+        "kafka-export",
+        "services.acceptance.kafka.export:main",
+        "acceptance (optional): export job events to a Kafka topic, keyed by job (metrics :9189)",
+        "services.acceptance.kafka.settings:export_ready_url",
+        extra="kafka",
+    ),
+)
+
+
 def by_name(name: str) -> ProcessSpec:
-    for spec in PROCESSES:
+    for spec in (*PROCESSES, *OPTIONAL_PROCESSES):
         if spec.name == name:
             return spec
     raise KeyError(name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from services.cli.processes import PROCESSES, by_name
+from services.cli.processes import OPTIONAL_PROCESSES, PROCESSES, by_name
 from services.common import tracing
 from services.common.settings import CommonSettings
 
@@ -15,9 +15,9 @@ def register(sub: Any) -> None:
         "run",
         help="run one process of the stack in the foreground",
         description="Run one process of the stack: "
-        + "; ".join(f"{p.name} ({p.description})" for p in PROCESSES),
+        + "; ".join(f"{p.name} ({p.description})" for p in (*PROCESSES, *OPTIONAL_PROCESSES)),
     )
-    parser.add_argument("name", choices=[p.name for p in PROCESSES])
+    parser.add_argument("name", choices=[p.name for p in (*PROCESSES, *OPTIONAL_PROCESSES)])
     parser.set_defaults(func=_run)
 
 

@@ -22,6 +22,8 @@ CRASH_AFTER_WEBHOOK_POST = "crash_after_webhook_post"
 CRASH_AFTER_PROVIDER_RESPONSE = "crash_after_provider_response"
 # Inference ingest: the inbox row is committed, the broker message not yet acked.
 CRASH_AFTER_INBOX_COMMIT = "crash_after_inbox_commit"
+# Kafka ingress: the job and its inbox row are committed, the record's offset not yet.
+CRASH_AFTER_INGRESS_INBOX_COMMIT = "crash_after_ingress_inbox_commit"
 
 KNOWN_FAULTS = frozenset(
     {
@@ -29,6 +31,7 @@ KNOWN_FAULTS = frozenset(
         CRASH_AFTER_WEBHOOK_POST,
         CRASH_AFTER_PROVIDER_RESPONSE,
         CRASH_AFTER_INBOX_COMMIT,
+        CRASH_AFTER_INGRESS_INBOX_COMMIT,
     }
 )
 
