@@ -63,12 +63,22 @@ def add_stack_arguments(p: argparse.ArgumentParser, database: str) -> None:
 
 
 def limiter_toml(
-    *, rpm: int, tpm: int, max_in_flight: int, tenant_max_in_flight: int, window_ms: int = 60_000
+    *,
+    rpm: int,
+    tpm: int,
+    max_in_flight: int,
+    tenant_max_in_flight: int,
+    window_ms: int = 60_000,
+    pacing: str | None = None,
+    burst_seconds: float | None = None,
 ) -> str:
-    """One pool, ``sandbox``: the pool the worker's provider asks permits of by default."""
+    """One pool, ``sandbox``: the pool the worker's provider asks permits of by default. ``pacing``
+    and ``burst_seconds`` None: the pool's defaults."""
+    paced = f'pacing = "{pacing}"\n' if pacing else ""
+    paced += f"burst_seconds = {burst_seconds}\n" if burst_seconds is not None else ""
     return (
         f"[pools.sandbox]\nrpm = {rpm}\ntpm = {tpm}\nmax_in_flight = {max_in_flight}\n"
-        f"window_ms = {window_ms}\n\n"
+        f"window_ms = {window_ms}\n{paced}\n"
         f"[tenant_defaults]\nmax_in_flight = {tenant_max_in_flight}\n"
     )
 
@@ -160,6 +170,7 @@ class Stack:
         concurrency: int = 0,
         latency_ms: float = 0.0,
         distribution: str = "fixed",
+        per_second: bool = False,
     ) -> Proc:
         return self.spawn(
             "provider",
@@ -171,6 +182,7 @@ class Stack:
             FATURA_SANDBOX_PROVIDER_LATENCY_MS=str(latency_ms),
             FATURA_SANDBOX_PROVIDER_LATENCY_DISTRIBUTION=distribution,
             FATURA_SANDBOX_PROVIDER_API_KEY="",
+            FATURA_SANDBOX_PROVIDER_PER_SECOND="1" if per_second else "0",
         )
 
     def start_relay(self) -> Proc:

@@ -37,6 +37,14 @@ SELECT (SELECT avg(estimated_tokens) FROM extraction_jobs WHERE tenant_id = %(te
        (SELECT avg(a.latency_ms) FROM job_attempts a JOIN extraction_jobs j ON j.id = a.job_id
          WHERE j.tenant_id = %(tenant_id)s AND a.http_status = 200)::float8 AS mean_latency_ms
 
+-- name: first_call
+-- When a job's first provider call started, in seconds after its acceptance, and how it ended.
+SELECT extract(epoch FROM a.started_at - j.created_at)::float8 AS seconds, a.outcome, a.http_status
+  FROM extraction_jobs j JOIN job_attempts a ON a.job_id = j.id
+ WHERE j.id = %(job_id)s
+ ORDER BY a.started_at
+ LIMIT 1
+
 -- name: transactions
 -- Commits and rollbacks so far in this database (published by PostgreSQL at most once a second).
 SELECT xact_commit + xact_rollback AS xacts FROM pg_stat_database WHERE datname = current_database()

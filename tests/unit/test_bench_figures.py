@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench.quota import capacity
+from bench.quota import Samples, capacity, windows
 from bench.report import percentile
 
 
@@ -20,6 +20,16 @@ def test_capacity_formula_reproduces_the_seeds_worked_example() -> None:
     assert figures["tpm_term"] == pytest.approx(1.6667, abs=1e-4)
     assert figures["concurrency_term"] == pytest.approx(2)
     assert figures["capacity"] == pytest.approx(1.6667, abs=1e-4)
+
+
+def test_quota_windows_are_whole_5_s_spans_after_the_warm_up() -> None:
+    # Given samples every 0.5 s of a counter that admits 10/s for 12 s, then nothing
+    at = [i / 2 for i in range(45)]
+    samples = Samples(at=at, admitted=[round(10 * min(t, 12.0)) for t in at])
+    # When cut into 5 s windows after a 2 s warm-up
+    rates = windows(samples, 2.0)
+    # Then 10/s in the windows before 12 s, nothing after, and none the samples do not cover
+    assert rates == [(2.0, 10.0), (7.0, 10.0), (12.0, 0.0), (17.0, 0.0)]
 
 
 def test_an_unlimited_dimension_never_binds() -> None:
