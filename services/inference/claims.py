@@ -105,6 +105,10 @@ def request_key(job_id: uuid.UUID, fence: int) -> str:
     return f"{job_id}:{fence}"
 
 
+# What a claim ends in: a started job, a deferral, a refusal, or None when nothing is due.
+Claimed = Started | Deferred | Refused | None
+
+
 @dataclass(frozen=True)
 class Completion:
     """What an attempt ends in: the job's next state and everything written with it."""
@@ -141,64 +145,49 @@ class Claims:
         self._lease_seconds = lease_seconds
         self._aging = timedelta(seconds=aging_seconds)
 
-    def claim(self, acquire: Acquire, release_unused: ReleaseUnused) -> Started | Deferred | Refused | None:
+    def claim(self, acquire: Acquire, release_unused: ReleaseUnused) -> Claimed:
         """Start the next job by fair share, defer it when the limiter says no, or None when no
         tenant has a job due. A permit granted inside a claim whose transaction fails is released
         as not sent."""
-        granted: list[Grant] = []
+        with _releasing_on_failure(acquire, release_unused) as acquire_once:
+            with unit_of_work(self._pool) as uow:
+                claimed = self._claim(uow, acquire_once)
+        return _observed(claimed)
 
-        def acquire_once(tenant_id: uuid.UUID, tokens: int, key: str) -> Grant | Denial:
-            decision = acquire(tenant_id, tokens, key)
-            if isinstance(decision, Grant):
-                granted.append(decision)
-            return decision
-
-        try:
-            claimed = self._claim(acquire_once)
-        except BaseException:
-            for grant in granted:
-                release_unused(grant)
-            raise
-        if isinstance(claimed, Refused):
-            # Observed once the failure committed, as every completion is.
-            sli.observe_completion(claimed.priority, states.FAILED_TERMINAL, claimed.since_accepted)
-        return claimed
-
-    def _claim(self, acquire: Acquire) -> Started | Deferred | Refused | None:
-        with unit_of_work(self._pool) as uow:
-            rows = uow.execute(Q["tenant_loads"]).fetchall()
-            if not rows:
-                return None
-            now = rows[0]["now"]
-            loads = {row["tenant_id"]: TenantLoad(**_load_fields(row)) for row in rows}
-            for tenant_id in order_tenants(list(loads.values()), now, self._aging):
-                head = self._head(uow, loads[tenant_id])
-                if head is None:
-                    continue  # its due jobs are being claimed by other slots right now
-                with tracing.span(
-                    "limiter acquire",
-                    tracing.valid(head["traceparent"]),
-                    {"job_id": str(head["id"]), "tenant_id": str(tenant_id)},
-                    kind=tracing.SpanKind.CLIENT,
-                ) as span:
-                    key = request_key(head["id"], head["fence"] + 1)
-                    try:
-                        decision = acquire(tenant_id, int(head["estimated_tokens"]), key)
-                    except NeverAdmittable as exc:
-                        span.set_attribute("limiter.decision", "never_admittable")
-                        return self._refuse(uow, head["id"], str(exc))
-                    span.set_attribute(
-                        "limiter.decision",
-                        "granted" if isinstance(decision, Grant) else decision.reason.value,
-                    )
-                if isinstance(decision, Denial):
-                    seconds = decision.retry_after_ms / 1000
-                    uow.execute(Q["defer_job"], {"job_id": head["id"], "seconds": seconds})
-                    metrics.DEFERRALS.labels(decision.reason.value).inc()
-                    return Deferred(head["id"], decision.reason.value, decision.retry_after_ms)
-                job, context = self._start(uow, head["id"])
-                return Started(job, decision, context)
+    def _claim(self, uow: UnitOfWork, acquire: Acquire) -> Claimed:
+        rows = uow.execute(Q["tenant_loads"]).fetchall()
+        if not rows:
             return None
+        now = rows[0]["now"]
+        loads = {row["tenant_id"]: TenantLoad(**_load_fields(row)) for row in rows}
+        for tenant_id in order_tenants(list(loads.values()), now, self._aging):
+            head = self._head(uow, loads[tenant_id])
+            if head is None:
+                continue  # its due jobs are being claimed by other slots right now
+            with tracing.span(
+                "limiter acquire",
+                tracing.valid(head["traceparent"]),
+                {"job_id": str(head["id"]), "tenant_id": str(tenant_id)},
+                kind=tracing.SpanKind.CLIENT,
+            ) as span:
+                key = request_key(head["id"], head["fence"] + 1)
+                try:
+                    decision = acquire(tenant_id, int(head["estimated_tokens"]), key)
+                except NeverAdmittable as exc:
+                    span.set_attribute("limiter.decision", "never_admittable")
+                    return self._refuse(uow, head["id"], str(exc))
+                span.set_attribute(
+                    "limiter.decision",
+                    "granted" if isinstance(decision, Grant) else decision.reason.value,
+                )
+            if isinstance(decision, Denial):
+                seconds = decision.retry_after_ms / 1000
+                uow.execute(Q["defer_job"], {"job_id": head["id"], "seconds": seconds})
+                metrics.DEFERRALS.labels(decision.reason.value).inc()
+                return Deferred(head["id"], decision.reason.value, decision.retry_after_ms)
+            job, context = self._start(uow, head["id"])
+            return Started(job, decision, context)
+        return None
 
     def _refuse(self, uow: UnitOfWork, job_id: uuid.UUID, why: str) -> Refused:
         params = {"job_id": job_id, "error_class": TOO_LARGE_FOR_MODEL, "error_message": why[:500]}
@@ -268,6 +257,40 @@ class Claims:
 
     def complete(self, job: ClaimedJob, completion: Completion) -> bool:
         """Write the attempt's outcome if this worker still owns the job; False when it was stale."""
+        return self.complete_then_claim(job, completion, None)[0]
+
+    def complete_then_claim(
+        self, job: ClaimedJob, completion: Completion, claim_next: tuple[Acquire, ReleaseUnused] | None
+    ) -> tuple[bool, Claimed]:
+        """Write the attempt's outcome as ``complete`` does and, in the same transaction, make the
+        slot's next claim (when ``claim_next`` gives its limiter calls): a slot that keeps working
+        pays one transaction per job, and a slot that finds nothing due pays none of its own.
+
+        The completion is as fenced as alone: a stale one writes only its ``stale`` attempt rows,
+        and the claim that follows it is the same fair claim. If the transaction fails, neither
+        was written, and a permit its claim was granted is released as not sent.
+        """
+        acquire, release_unused = claim_next if claim_next else (_no_acquire, _no_release)
+        with _releasing_on_failure(acquire, release_unused) as acquire_once:
+            with self._completion_unit() as uow:
+                written = self._complete(uow, job, completion)
+                claimed = self._claim(uow, acquire_once) if claim_next else None
+        if uow.recorded and self._nudge is not None:
+            self._nudge()
+        if written is not None:
+            # Observed once the transition committed: a rolled-back completion is not an outcome.
+            sli.observe_completion(written["priority"], completion.state, written["since_accepted"])
+        else:
+            metrics.STALE_COMPLETIONS.inc()
+            log.warning(
+                "job %s: ownership lost (fence %d); result of attempt %d discarded",
+                job.job_id,
+                job.fence,
+                job.attempt,
+            )
+        return written is not None, _observed(claimed)
+
+    def _complete(self, uow: UnitOfWork, job: ClaimedJob, completion: Completion) -> dict[str, Any] | None:
         params = {
             "job_id": job.job_id,
             "fence": job.fence,
@@ -282,51 +305,37 @@ class Claims:
             "available_at": completion.available_at,
             "terminal": completion.state in states.TERMINAL,
         }
-        with self._completion_unit() as uow:
-            row = uow.execute(Q["complete_job"], params).fetchone()
-            if row is not None:
-                if not completion.refund_attempt:
-                    self._log_hops(uow, job, completion.hops, stale=False)
-                detail = {"attempt": job.attempt, "error_class": completion.error_class}
-                change = JobChange(
-                    job.tenant_id,
-                    job.job_id,
-                    completion.state,
-                    row["state_version"],
-                    EVENT_FOR_STATE[completion.state],
-                    detail,
-                    # Consumers continue from the attempt's span when it is current.
-                    traceparent=tracing.current_traceparent() or job.traceparent,
-                )
-                uow.record(change)
-                if completion.state == states.REVIEW_REQUIRED:
-                    uow.execute(
-                        Q["open_review_task"],
-                        {
-                            "task_id": new_id(),
-                            "tenant_id": job.tenant_id,
-                            "job_id": job.job_id,
-                            "reasons": Jsonb(completion.review_reasons or []),
-                            "job_version": row["state_version"],
-                            "detail": Jsonb({"attempt": job.attempt, "fence": job.fence}),
-                        },
-                    )
-        if row is not None:
-            if uow.recorded and self._nudge is not None:
-                self._nudge()
-            # Observed once the transition committed: a rolled-back completion is not an outcome.
-            sli.observe_completion(row["priority"], completion.state, row["since_accepted"])
-            return True
-        with unit_of_work(self._pool) as uow:
+        row = uow.execute(Q["complete_job"], params).fetchone()
+        if row is None:
             self._log_hops(uow, job, completion.hops, stale=True)
-        metrics.STALE_COMPLETIONS.inc()
-        log.warning(
-            "job %s: ownership lost (fence %d); result of attempt %d discarded",
+            return None
+        if not completion.refund_attempt:
+            self._log_hops(uow, job, completion.hops, stale=False)
+        detail = {"attempt": job.attempt, "error_class": completion.error_class}
+        change = JobChange(
+            job.tenant_id,
             job.job_id,
-            job.fence,
-            job.attempt,
+            completion.state,
+            row["state_version"],
+            EVENT_FOR_STATE[completion.state],
+            detail,
+            # Consumers continue from the attempt's span when it is current.
+            traceparent=tracing.current_traceparent() or job.traceparent,
         )
-        return False
+        uow.record(change)
+        if completion.state == states.REVIEW_REQUIRED:
+            uow.execute(
+                Q["open_review_task"],
+                {
+                    "task_id": new_id(),
+                    "tenant_id": job.tenant_id,
+                    "job_id": job.job_id,
+                    "reasons": Jsonb(completion.review_reasons or []),
+                    "job_version": row["state_version"],
+                    "detail": Jsonb({"attempt": job.attempt, "fence": job.fence}),
+                },
+            )
+        return row
 
     @contextmanager
     def _completion_unit(self) -> Iterator[UnitOfWork]:
@@ -376,6 +385,41 @@ class Claims:
                 {"job_ids": ids, "fences": [owned[i] for i in ids], "lease_seconds": self._lease_seconds},
             ).fetchall()
         return set(ids) - {row["id"] for row in rows}
+
+
+@contextmanager
+def _releasing_on_failure(acquire: Acquire, release_unused: ReleaseUnused) -> Iterator[Acquire]:
+    """An ``acquire`` that remembers its grants, and gives them back as not sent when the block
+    (the claim's transaction) fails: nothing was sent under them."""
+    granted: list[Grant] = []
+
+    def acquire_once(tenant_id: uuid.UUID, tokens: int, key: str) -> Grant | Denial:
+        decision = acquire(tenant_id, tokens, key)
+        if isinstance(decision, Grant):
+            granted.append(decision)
+        return decision
+
+    try:
+        yield acquire_once
+    except BaseException:
+        for grant in granted:
+            release_unused(grant)
+        raise
+
+
+def _observed(claimed: Claimed) -> Claimed:
+    if isinstance(claimed, Refused):
+        # Observed once the failure committed, as every completion is.
+        sli.observe_completion(claimed.priority, states.FAILED_TERMINAL, claimed.since_accepted)
+    return claimed
+
+
+def _no_acquire(tenant_id: uuid.UUID, tokens: int, key: str) -> Grant | Denial:
+    raise AssertionError("a completion without a next claim asks the limiter for nothing")
+
+
+def _no_release(grant: Grant) -> None:
+    raise AssertionError("a completion without a next claim holds no permit")
 
 
 def _excerpt(text: str | None) -> str | None:

@@ -24,7 +24,16 @@ from psycopg_pool import ConnectionPool
 from services.common import faults, logs, tracing
 from services.common.failures import is_transient
 from services.inference import metrics
-from services.inference.claims import ClaimedJob, Claims, Completion, Deferred, Refused, Started, request_key
+from services.inference.claims import (
+    Claimed,
+    ClaimedJob,
+    Claims,
+    Completion,
+    Deferred,
+    Refused,
+    Started,
+    request_key,
+)
 from services.inference.nudge import RelayNudge
 from services.inference.outcomes import WORKER_ERROR, decide
 from services.inference.permits import AttemptPermits
@@ -114,11 +123,12 @@ class Executor:
 
     def _slot(self) -> None:
         try:
-            while not self._stopping.is_set():
-                claimed = self._claims.claim(self._acquire, self._release_unused)
-                if claimed is None:
-                    metrics.CLAIMS.labels("nothing_due").inc()
-                    return
+            if self._stopping.is_set():
+                return
+            # After the first claim, each next one rides in the completion's transaction (none
+            # once stopping); a job claimed there is run even if the stop came meanwhile.
+            claimed = self._claims.claim(self._acquire, self._release_unused)
+            while claimed is not None:
                 if isinstance(claimed, Deferred):
                     metrics.CLAIMS.labels("deferred").inc()
                     if claimed.reason in POOL_WIDE:
@@ -126,9 +136,14 @@ class Executor:
                     return
                 if isinstance(claimed, Refused):
                     metrics.CLAIMS.labels("refused").inc()
-                    continue  # failed in the claim: the next job may fit
+                    # Failed in the claim: the next job may fit.
+                    stopping = self._stopping.is_set()
+                    claimed = None if stopping else self._claims.claim(self._acquire, self._release_unused)
+                    continue
                 metrics.CLAIMS.labels("started").inc()
-                self._run(claimed)
+                claimed = self._run(claimed)
+            if not self._stopping.is_set():
+                metrics.CLAIMS.labels("nothing_due").inc()
         except Exception:
             # The job, if one was claimed, keeps its lease until it expires; the reaper then
             # reschedules it. The slot itself must survive for the next wake-up.
@@ -168,7 +183,8 @@ class Executor:
                 "could not release unused permit %s (its lease will end it): %s", grant.permit_id, exc
             )
 
-    def _run(self, started: Started) -> None:
+    def _run(self, started: Started) -> Claimed:
+        """Run the attempt; returns the slot's next claim, made in the completion's transaction."""
         job = started.job
         attributes: dict[str, str | int] = {"job_id": str(job.job_id), "attempt": job.attempt}
         attributes["fence"] = job.fence
@@ -176,9 +192,9 @@ class Executor:
             tracing.span("inference attempt", job.traceparent, attributes),
             logs.bound(job_id=job.job_id, tenant_id=job.tenant_id, attempt=job.attempt, fence=job.fence),
         ):
-            self._run_owned(started)
+            return self._run_owned(started)
 
-    def _run_owned(self, started: Started) -> None:
+    def _run_owned(self, started: Started) -> Claimed:
         job = started.job
         permits = AttemptPermits(
             self._limiter,
@@ -218,8 +234,11 @@ class Executor:
                     verdict = validate(result.content, context)
                     span.set_attribute("validation.outcome", str(verdict.outcome))
             completion = decide(job, result, verdict, datetime.now(UTC), self._policy)
-            self._complete(job, completion)
+            # Settle what the gateway left held before the next claim asks for a permit.
+            permits.close()
+            claimed = self._complete(job, completion)
             metrics.ATTEMPTS.labels(completion.state).inc()
+            return claimed
         finally:
             permits.close()
             with self._owned_lock:
@@ -227,11 +246,26 @@ class Executor:
             metrics.IN_FLIGHT.dec()
             metrics.ATTEMPT_SECONDS.observe(time.monotonic() - t0)
 
-    def _complete(self, job: ClaimedJob, completion: Completion) -> None:
-        # The call was made (and may be billed): its answer is worth keeping through a blip.
-        self._through_blips(
-            f"job {job.job_id}: writing its outcome", lambda: self._claims.complete(job, completion)
-        )
+    def _complete(self, job: ClaimedJob, completion: Completion) -> Claimed:
+        """Write the outcome and, in the same transaction, claim the slot's next job (none while
+        stopping). The call was made (and may be billed): its answer is worth keeping through a
+        blip, and through a failure of the next claim, after which the outcome is written alone."""
+        what = f"job {job.job_id}: writing its outcome"
+        if self._stopping.is_set():
+            self._through_blips(what, lambda: self._claims.complete(job, completion))
+            return None
+        then = (self._acquire, self._release_unused)
+        try:
+            _, claimed = self._through_blips(
+                what, lambda: self._claims.complete_then_claim(job, completion, then)
+            )
+            return claimed
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            log.exception("job %s: the next claim failed; writing the outcome alone", job.job_id)
+        self._through_blips(what, lambda: self._claims.complete(job, completion))
+        return None
 
     def _through_blips(self, what: str, step: Callable[[], T]) -> T:
         """Run one database step of an owned job, waiting out a transient failure (with backoff)

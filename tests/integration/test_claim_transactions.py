@@ -47,14 +47,14 @@ def _queue_job(pool: SyncPool, tenant_id: uuid.UUID) -> uuid.UUID:
             INSERT INTO extraction_jobs (id, tenant_id, idempotency_key, request_hash, document_id,
                 document_version, object_version, doc_bytes, estimated_tokens, schema_version,
                 policy_version, model_policy, priority, state, available_at, deadline_at, created_at)
-            VALUES (%s, %s, 'k', 'h', %s, 1, 'v1', 1, 10, 'invoice.v1', 'p', 'default', 'batch',
+            VALUES (%s, %s, %s, 'h', %s, 1, 'v1', 1, 10, 'invoice.v1', 'p', 'default', 'batch',
                     'READY', now(), now() + interval '1 day', now())
             """,
-            (job_id, tenant_id, doc_id),
+            (job_id, tenant_id, str(job_id), doc_id),
         )
         conn.execute(
             "INSERT INTO suppliers (tenant_id, tax_id, name, iban, currency)"
-            " VALUES (%s, '1234567890', 'Acme', NULL, 'EUR')",
+            " VALUES (%s, '1234567890', 'Acme', NULL, 'EUR') ON CONFLICT DO NOTHING",
             (tenant_id,),
         )
     return job_id
@@ -132,3 +132,91 @@ def test_many_pokes_in_a_burst_send_few_notifies_and_none_is_lost(
         nudge.close()
     assert 1 <= len(woken) <= 5
     assert {n.channel for n in woken} == {"fatura_outbox"}
+
+
+def _claims(pool: SyncPool) -> Claims:
+    return Claims(pool, worker_id="t", model="m", lease_seconds=60, aging_seconds=30, nudge=lambda: None)
+
+
+def _state(pool: SyncPool, job_id: uuid.UUID) -> tuple[str, int]:
+    with pool.connection() as conn:
+        row = conn.execute("SELECT state, fence FROM extraction_jobs WHERE id = %s", (job_id,)).fetchone()
+    assert row is not None
+    return row["state"], row["fence"]
+
+
+def test_a_completion_claims_the_slots_next_job_in_its_own_transaction(fresh_pool: SyncPool) -> None:
+    # Given two due jobs, the first one started by a slot
+    tenant_id, _ = create_tenant(fresh_pool, TenantSpec(name="next"))
+    _queue_job(fresh_pool, tenant_id)
+    _queue_job(fresh_pool, tenant_id)
+    claims = _claims(fresh_pool)
+    first = claims.claim(_grant, _never_released)
+    assert isinstance(first, Started)
+    # When its attempt completes and the slot goes on
+    written, second = claims.complete_then_claim(
+        first.job, Completion(states.SUCCEEDED, (), result={"x": 1}), (_grant, _never_released)
+    )
+    # Then the outcome is written and the other job started, with its document
+    assert written and isinstance(second, Started) and second.job.job_id != first.job.job_id
+    assert _state(fresh_pool, first.job.job_id)[0] == states.SUCCEEDED
+    assert _state(fresh_pool, second.job.job_id)[0] == states.RUNNING
+    assert second.context.source_text == TEXT
+    # And when nothing else is due, the last completion finds nothing and starts nothing
+    written, nothing = claims.complete_then_claim(
+        second.job, Completion(states.SUCCEEDED, (), result={"x": 1}), (_grant, _never_released)
+    )
+    assert written and nothing is None
+
+
+def test_a_stale_completion_that_claims_next_still_cannot_overwrite_the_newer_owner(
+    fresh_pool: SyncPool,
+) -> None:
+    # Given a started job whose lease was taken over (fence bumped) while its call ran
+    tenant_id, _ = create_tenant(fresh_pool, TenantSpec(name="stale"))
+    _queue_job(fresh_pool, tenant_id)
+    claims = _claims(fresh_pool)
+    started = claims.claim(_grant, _never_released)
+    assert isinstance(started, Started)
+    with fresh_pool.connection() as conn:
+        conn.execute("UPDATE extraction_jobs SET fence = fence + 1 WHERE id = %s", (started.job.job_id,))
+    # When the stale worker completes and claims on
+    written, claimed = claims.complete_then_claim(
+        started.job, Completion(states.SUCCEEDED, (), result={"x": 1}), (_grant, _never_released)
+    )
+    # Then its result is refused and the newer owner's job is untouched
+    assert not written and claimed is None
+    assert _state(fresh_pool, started.job.job_id) == (states.RUNNING, started.job.fence + 1)
+
+
+def test_a_failed_next_claim_gives_its_permit_back_and_leaves_the_outcome_to_be_written_alone(
+    fresh_pool: SyncPool, database_url: str
+) -> None:
+    # Given a started job, another due one, and a session that dies once the next permit is granted
+    tenant_id, _ = create_tenant(fresh_pool, TenantSpec(name="cut"))
+    _queue_job(fresh_pool, tenant_id)
+    _queue_job(fresh_pool, tenant_id)
+    claims = _claims(fresh_pool)
+    first = claims.claim(_grant, _never_released)
+    assert isinstance(first, Started)
+    released: list[str] = []
+
+    def grant_then_lose_the_session(*_: object) -> Grant:
+        with psycopg.connect(f"{database_url}_claimtx", autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'fatura-claimtx' AND state = 'idle in transaction'"
+            )
+        return Grant(permit_id="p-next", lease_expires_at_ms=0)
+
+    completion = Completion(states.SUCCEEDED, (), result={"x": 1})
+    # When the completion's transaction fails after the next claim's grant
+    with pytest.raises(psycopg.OperationalError):
+        claims.complete_then_claim(
+            first.job, completion, (grant_then_lose_the_session, lambda g: released.append(g.permit_id))
+        )
+    # Then the permit went back, nothing was written, and the outcome alone still can be
+    assert released == ["p-next"]
+    assert _state(fresh_pool, first.job.job_id)[0] == states.RUNNING
+    assert claims.complete(first.job, completion)
+    assert _state(fresh_pool, first.job.job_id)[0] == states.SUCCEEDED
