@@ -132,7 +132,8 @@ _BREAKER: JSON = {"type": "string", "enum": ["open", "closed"]}
 ATTEMPT: JSON = {
     "type": "object",
     "description": "One HTTP exchange with one provider channel (a row of job_attempts), or a lease "
-    "that expired mid-attempt. Rows written before migration 0017 have no error_message nor worker_id.",
+    "that expired mid-attempt. Rows written before migration 0017 have no error_message nor worker_id; "
+    "only streamed hops since migration 0021 have time_to_first_token_ms and inter_token_ms.",
     "required": [
         "attempt",
         "fence",
@@ -146,6 +147,8 @@ ATTEMPT: JSON = {
         "input_tokens",
         "output_tokens",
         "latency_ms",
+        "time_to_first_token_ms",
+        "inter_token_ms",
         "started_at",
         "ended_at",
         "worker_id",
@@ -167,6 +170,14 @@ ATTEMPT: JSON = {
         "input_tokens": _INT_OR_NULL,
         "output_tokens": _INT_OR_NULL,
         "latency_ms": _INT_OR_NULL,
+        "time_to_first_token_ms": {
+            **_INT_OR_NULL,
+            "description": "A streamed hop's time from sending to its first content frame.",
+        },
+        "inter_token_ms": {
+            "type": ["number", "null"],
+            "description": "A streamed hop's mean time between content frames (one token each at vLLM).",
+        },
         "started_at": _TIME,
         "ended_at": _TIME_OR_NULL,
         "worker_id": {**_STR_OR_NULL, "description": "The worker that made the attempt (host:pid)."},

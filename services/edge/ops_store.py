@@ -93,6 +93,8 @@ def _attempt(row: JSON) -> JSON:
         "input_tokens": row["input_tokens"],
         "output_tokens": row["output_tokens"],
         "latency_ms": row["latency_ms"],
+        "time_to_first_token_ms": row["time_to_first_token_ms"],
+        "inter_token_ms": row["inter_token_ms"],
         "started_at": _iso(row["started_at"]),
         "ended_at": _iso(row["ended_at"]),
         "worker_id": row["worker_id"],

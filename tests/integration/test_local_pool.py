@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from fix_ops import make_operator
 from fix_pipeline import TERMINAL, Pipeline, StartPipeline, sample_text
 from services.limiter import LimiterClient
 
@@ -88,6 +89,12 @@ def test_short_and_long_documents_share_the_kv_cache_and_one_that_never_fits_fai
         assert attempts[0]["inter_token_ms"] > 0
         reported += attempts[0]["input_tokens"] + attempts[0]["output_tokens"]
     assert finished[long_job]["attempt"] == 1
+    with pipe.client() as client:
+        operator = make_operator(pipe.pool, label="local-pool")
+        (seen,) = client.get(f"/v1/ops/jobs/{long_job}", headers=operator.headers).json()["attempts"]
+    (kept,) = pipe.attempts(long_job)
+    assert seen["time_to_first_token_ms"] == kept["time_to_first_token_ms"]
+    assert seen["inter_token_ms"] == kept["inter_token_ms"]
 
     with LimiterClient(pipe.env["FATURA_LIMITER_ADDRESS"], deadline_ms=2_000) as limiter:
         status_now = limiter.pool_status("gpu")

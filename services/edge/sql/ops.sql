@@ -10,7 +10,8 @@ WHERE id = %(job_id)s
 
 -- name: job_attempts
 SELECT attempt, fence, channel, model, started_at, ended_at, outcome, http_status, error_class,
-       error_message, retry_after_ms, input_tokens, output_tokens, latency_ms, worker_id
+       error_message, retry_after_ms, input_tokens, output_tokens, latency_ms, worker_id,
+       time_to_first_token_ms, inter_token_ms
 FROM job_attempts
 WHERE job_id = %(job_id)s
 ORDER BY attempt, id
