@@ -63,7 +63,7 @@ PROVIDERS = {
     "keyed": {"FATURA_SANDBOX_PROVIDER_API_KEY": "sk-sim-secret"},
     "rpm": {"FATURA_SANDBOX_PROVIDER_RPM": "2"},
     "tpm": {"FATURA_SANDBOX_PROVIDER_TPM": "1200"},
-    # 2 requests and 1,000 tokens a second, while the minute allows 120 and 60,000
+    # buckets of 2 requests and 1,000 tokens a second, while the minute allows 120 and 60,000
     "per_second": {
         "FATURA_SANDBOX_PROVIDER_RPM": "120",
         "FATURA_SANDBOX_PROVIDER_TPM": "60000",
@@ -208,9 +208,9 @@ def test_over_tpm_is_a_429_with_retry_after(providers: dict[str, ServiceProcess]
 def test_per_second_quantizing_answers_a_burst_with_429_while_the_minute_is_under_its_limit(
     providers: dict[str, ServiceProcess],
 ) -> None:
-    """Given RPM 120 and TPM 60,000 enforced per second (2 requests, 1,000 tokens a second)
+    """Given RPM 120 and TPM 60,000 enforced per second (buckets of 2 requests, 1,000 tokens)
     When requests of about 350 tokens come as fast as one client sends them
-    Then the quantum refuses with 429 and Retry-After: 1, by tokens or requests, and the provider
+    Then a bucket refuses with 429 and Retry-After: 1, by tokens or requests, and the provider
     still counts its minute far under both limits."""
     provider = providers["per_second"]
     messages = build_messages(SAMPLES["03"].text)

@@ -63,37 +63,47 @@ def test_concurrency_counts_requests_in_progress_and_a_denial_takes_nothing() ->
 
 
 def test_per_second_quantizes_rpm_even_with_the_minute_under_its_limit() -> None:
-    """Given 600 RPM enforced per second (10 a second)
-    Then the 11th request within one second is refused with Retry-After 1, a request after the
-    oldest left the second passes, and without the option the same burst passes."""
+    """Given 600 RPM enforced per second (a bucket of 10 requests refilled at 10 a second)
+    Then 10 requests at once pass and the 11th is refused with Retry-After 1; a request passes
+    again once the bucket refilled one, a steady 10 a second always passes, a faster pace does not,
+    and without the option the same burst passes."""
     clock = Clock()
     limits = Limits(rpm=600, tpm=0, concurrency=0, clock=clock, per_second=True)
-    for _ in range(10):
-        assert limits.admit(1) is None
-        clock.now += 0.05  # 10 requests over 0.45 s
+    assert all(limits.admit(1) is None for _ in range(10))
     denial = limits.admit(1)
     assert denial is not None and (denial.limit, denial.retry_after_s) == ("rpm_second", 1)
     assert "600 requests per minute, enforced as 10 requests per second" in denial.message
     assert limits.usage()["requests_in_window"] == 10  # a denial takes nothing
-    clock.now = 1000.0 + 1.0  # the first request (at 1000.0) has left the second
+    clock.now += 0.1
     assert limits.admit(1) is None
     assert limits.admit(1) is not None
+    assert paced(limits, clock, 0.1, 30) == 30
+    assert 0 < paced(limits, clock, 0.09, 30) < 30
     unquantized = Limits(rpm=600, tpm=0, concurrency=0, clock=Clock())
     assert all(unquantized.admit(1) is None for _ in range(100))
 
 
-def test_per_second_quantizes_tpm_and_a_large_request_needs_an_empty_second() -> None:
+def paced(limits: Limits, clock: Clock, every: float, count: int) -> int:
+    """Requests admitted out of ``count`` sent ``every`` seconds apart."""
+    admitted = 0
+    for _ in range(count):
+        clock.now += every
+        admitted += limits.admit(1) is None
+    return admitted
+
+
+def test_per_second_quantizes_tpm_and_a_large_request_needs_a_full_bucket() -> None:
     clock = Clock()
     limits = Limits(rpm=0, tpm=60_000, concurrency=0, clock=clock, per_second=True)  # 1000 a second
     assert limits.admit(600) is None
-    clock.now += 0.5
     denial = limits.admit(600)
     assert denial is not None and (denial.limit, denial.retry_after_s) == ("tpm_second", 1)
-    assert limits.admit(400) is None  # still fits the second
-    clock.now += 0.6  # the first request left the second; 400 tokens remain in it
-    assert limits.admit(1_500) is not None  # over a second's worth, into a second with tokens
-    clock.now += 0.5  # the second is empty
+    assert limits.admit(400) is None  # still fits the bucket
+    clock.now += 0.5  # 500 tokens back
+    assert limits.admit(1_500) is not None  # over a second's worth: needs the bucket full
+    clock.now += 0.5
     assert limits.admit(1_500) is None
+    assert limits.admit(1) is not None  # the bucket is 500 tokens in debt
 
 
 def test_zero_means_unlimited() -> None:

@@ -4,9 +4,11 @@ Both windows slide over the last 60 seconds of admitted requests, as a real prov
 denial says which limit and how many whole seconds until it would pass (the ``Retry-After``).
 
 With ``per_second`` the limits are also quantized per second, as OpenAI documents ("60,000
-requests/minute may be enforced as 1,000 requests/second"): no sliding second admits more than
-RPM/60 requests or TPM/60 tokens, however much of the minute is left. A request larger than a
-second's worth of tokens passes only into a second that holds no tokens yet.
+requests/minute may be enforced as 1,000 requests/second"): each is a bucket holding one second's
+worth (RPM/60 requests, TPM/60 tokens) that refills continuously at that rate, the way a per-second
+rate is enforced in practice. A burst of more than a second's worth, or a pace faster than RPM/60
+a second, is refused however much of the minute is left. A request of more than a second's worth
+of tokens passes only when the token bucket is full.
 """
 
 from __future__ import annotations
@@ -50,9 +52,10 @@ class Limits:
         self._requests: deque[float] = deque()
         self._tokens: deque[tuple[float, int]] = deque()
         self._token_sum = 0
-        # The last second's admitted requests (time, tokens), for the per-second quantum.
-        self._second: deque[tuple[float, int]] = deque()
-        self._second_tokens = 0
+        # The per-second buckets as theoretical arrival times (GCRA): a bucket is full when its
+        # time is not after now, and each admission moves it by what it took.
+        self._request_tat = 0.0
+        self._token_tat = 0.0
         self.in_flight = 0
 
     def admit(self, tokens: int) -> Denial | None:
@@ -76,8 +79,8 @@ class Limits:
             denial = self._second_denial(now, tokens)
             if denial is not None:
                 return denial
-            self._second.append((now, tokens))
-            self._second_tokens += tokens
+            self._request_tat = max(self._request_tat, now) + (60 / self.rpm if self.rpm else 0.0)
+            self._token_tat = max(self._token_tat, now) + (tokens * 60 / self.tpm if self.tpm else 0.0)
         self._requests.append(now)
         self._tokens.append((now, tokens))
         self._token_sum += tokens
@@ -92,33 +95,28 @@ class Limits:
             self._requests.popleft()
         while self._tokens and self._tokens[0][0] <= now - WINDOW_S:
             self._token_sum -= self._tokens.popleft()[1]
-        while self._second and self._second[0][0] <= now - SECOND_S:
-            self._second_tokens -= self._second.popleft()[1]
 
     def _second_denial(self, now: float, tokens: int) -> Denial | None:
-        per_second = max(1, -(-self.rpm // 60))  # requests a second may hold (at least one)
-        if self.rpm and len(self._second) >= per_second:
-            # The oldest requests beyond the quantum have to leave the second first.
-            oldest = self._second[len(self._second) - per_second][0]
-            return Denial(
-                "rpm_second",
-                _seconds(oldest + SECOND_S - now),
-                f"Rate limit reached: {self.rpm} requests per minute, enforced as {self.rpm / 60:g}"
-                " requests per second.",
-            )
-        if self.tpm and self._second_tokens and (self._second_tokens + tokens) * 60 > self.tpm:
-            need = self._second_tokens + tokens - self.tpm / 60
-            wait = self._second[-1][0] + SECOND_S - now  # the second empties, at the latest
-            for at, used in self._second:
-                need -= used
-                if need <= 0:
-                    wait = at + SECOND_S - now
-                    break
-            return Denial(
-                "tpm_second",
-                _seconds(wait),
-                f"Rate limit reached: {self.tpm} TPM, enforced as {self.tpm / 60:g} tokens per second.",
-            )
+        if self.rpm:
+            # One request's room in the bucket: the bucket may be at most (1 s - interval) behind.
+            interval = 60 / self.rpm
+            ahead = max(self._request_tat, now) - now - max(0.0, SECOND_S - interval)
+            if ahead > 1e-9:  # float sums of intervals must not refuse an exact fit
+                return Denial(
+                    "rpm_second",
+                    _seconds(ahead),
+                    f"Rate limit reached: {self.rpm} requests per minute, enforced as {self.rpm / 60:g}"
+                    " requests per second.",
+                )
+        if self.tpm:
+            cost = tokens * 60 / self.tpm
+            ahead = max(self._token_tat, now) - now - max(0.0, SECOND_S - cost)
+            if ahead > 1e-9:  # float sums of intervals must not refuse an exact fit
+                return Denial(
+                    "tpm_second",
+                    _seconds(ahead),
+                    f"Rate limit reached: {self.tpm} TPM, enforced as {self.tpm / 60:g} tokens per second.",
+                )
         return None
 
     def _tpm_wait(self, now: float, tokens: int) -> float:
