@@ -127,6 +127,7 @@ def test_the_dashboard_shows_the_sli_the_review_rate_the_backlog_and_the_provide
         "fatura_scheduler_oldest_eligible_age_seconds",
         "fatura_limiter_pool_in_flight_limit",
         "fatura_provider_time_to_first_token_seconds_bucket",
+        "fatura_provider_inter_token_latency_seconds_bucket",
     ):
         assert needle in exprs
     # The SLI's threshold is a bucket boundary of the histogram, so the ratio is exact.
