@@ -9,7 +9,8 @@ offset never passes one that is not yet in the inbox. Auto-commit is off.
 Nothing blocks the poll loop, so the group's heartbeat and ``max.poll.interval.ms`` hold however
 full the pipeline is:
 
-- at ``max_in_flight`` records in flight every partition is paused, and resumed as they finish;
+- records wait in a buffer for one of ``max_in_flight`` slots; when it holds twice that many, every
+  partition is paused, and resumed when it has drained to half;
 - an admission refusal (429 tenant quota, 503 system backlog) pauses the record's partition for the
   refusal's Retry-After and then reads it again from that record: nothing is dropped;
 - a transient failure (PostgreSQL away, a broker error) is weather (DESIGN §5.12): the partition
@@ -29,6 +30,7 @@ import random
 import signal
 import time
 import uuid
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -101,6 +103,9 @@ class Ingress:
         self._failures: dict[Part, int] = {}
         self._unexpected: dict[tuple[str, int, int], int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._buffer: dict[Part, deque[Message]] = {}
+        self._buffered = 0
+        self._full = False
         self.problem: str | None = "not yet joined"
 
     # -- the poll loop ---------------------------------------------------------------------------
@@ -112,18 +117,15 @@ class Ingress:
         try:
             while not stop.is_set():
                 self._apply_pauses()
-                free = self.settings.max_in_flight - self.tracker.running
-                messages = self.consumer.consume(num_messages=max(1, free), timeout=0)
+                messages = self.consumer.consume(num_messages=self.settings.max_in_flight, timeout=0)
                 for message in messages:
-                    self._take(message)
+                    self._buffer_message(message)
+                started = self._start_from_buffers()
                 self.producer.poll(0)
                 self._commit()
                 IN_FLIGHT.set(self.tracker.running)
                 PAUSED.set(len(self._paused))
-                if not messages:
-                    await asyncio.sleep(IDLE_SLEEP)
-                else:
-                    await asyncio.sleep(0)
+                await asyncio.sleep(0 if messages or started else IDLE_SLEEP)
         finally:
             await self._drain()
             self._commit()
@@ -135,27 +137,57 @@ class Ingress:
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout)
 
-    def _take(self, message: Message) -> None:
+    def _buffer_message(self, message: Message) -> None:
         error = message.error()
         if error is not None:
             if error.code() != KafkaError._PARTITION_EOF:
                 log.warning("Kafka consumer error: %s", error)
             return
         part = (str(message.topic()), int(message.partition() or 0))
-        if part not in self._owned:
-            return  # fetched before a revoke
-        offset = int(message.offset() or 0)
-        if not self.tracker.of(*part).take(offset):
-            return  # in flight already, or done: a redelivery after a seek back
-        task = asyncio.create_task(self._handle(part, offset, message))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        if part not in self._owned or part in self._seek_due:
+            return  # fetched before a revoke, or after a record that is read again
+        self._buffer.setdefault(part, deque()).append(message)
+        self._buffered += 1
+
+    def _start_from_buffers(self) -> int:
+        """Start records while there is room, one partition after another so none waits behind a
+        busy one; each partition's records start in offset order."""
+        started = 0
+        while self.tracker.running < self.settings.max_in_flight and self._buffer:
+            for part in list(self._buffer):
+                if self.tracker.running >= self.settings.max_in_flight:
+                    break
+                queue = self._buffer[part]
+                while queue:
+                    message = queue.popleft()
+                    self._buffered -= 1
+                    offset = int(message.offset() or 0)
+                    # False: in flight already, or done (a redelivery after a seek back).
+                    if self.tracker.of(*part).take(offset):
+                        task = asyncio.create_task(self._handle(part, offset, message))
+                        self._tasks.add(task)
+                        task.add_done_callback(self._tasks.discard)
+                        started += 1
+                        break
+                if not queue:
+                    del self._buffer[part]
+        return started
+
+    def _unbuffer(self, part: Part) -> None:
+        self._buffered -= len(self._buffer.pop(part, ()))
 
     def _apply_pauses(self) -> None:
         """Pause what is held, or everything while the pipeline is full, and resume the rest; a
         partition with a held record is first sought back to the earliest one, to read it again."""
         now = time.monotonic()
-        full = self.tracker.running >= self.settings.max_in_flight
+        # Records wait in a buffer for a free slot; past twice the slots every partition pauses, and
+        # resumes when half of that is left, so a full pipeline keeps polling without fetching.
+        room = 2 * self.settings.max_in_flight
+        if self._buffered >= room:
+            self._full = True
+        elif self._buffered <= room // 2:
+            self._full = False
+        full = self._full
         pause, resume = [], []
         for part in self._owned:
             wait = full or self._hold_until.get(part, 0.0) > now
@@ -229,6 +261,7 @@ class Ingress:
             self._paused.discard(part)
             self._hold_until.pop(part, None)
             self._seek_due.discard(part)
+            self._unbuffer(part)
             self._failures.pop(part, None)
             self.tracker.drop(*part)
 
@@ -275,6 +308,7 @@ class Ingress:
             return  # revoked meanwhile: the new owner reads it from the committed offset
         offsets.hold(offset)
         self._seek_due.add(part)
+        self._unbuffer(part)  # read again after the seek back
         until = time.monotonic() + seconds
         self._hold_until[part] = max(self._hold_until.get(part, 0.0), until)
 

@@ -71,6 +71,7 @@ class IngressSettings:
             # A rebalance moves only the partitions that change owner; the others keep running.
             "partition.assignment.strategy": "cooperative-sticky",
             "session.timeout.ms": self.session_timeout_ms,
+            "heartbeat.interval.ms": max(100, self.session_timeout_ms // 3),
             "max.poll.interval.ms": self.max_poll_interval_ms,
         }
 
