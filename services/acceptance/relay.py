@@ -58,6 +58,10 @@ DOCUMENTS_PRUNED = Counter(
 )
 JOB_EVENTS_PRUNED = Counter("fatura_job_events_pruned_total", "Job events deleted after their retention")
 
+# After a NOTIFY wakes the relay, the commits right behind it join the same batch, and the NOTIFYs
+# queued meanwhile are taken with it: each would otherwise wake a claim that finds nothing.
+BATCH_LINGER_SECONDS = 0.01
+
 
 class Relay:
     def __init__(
@@ -72,6 +76,7 @@ class Relay:
         self.pool = pool
         self.broker = broker
         self._last_backlog_check = 0.0
+        self._backlog_shown = True  # the gauges may show events not yet published
         self._last_housekeeping = 0.0
         self._last_batch_sweep = 0.0
 
@@ -151,6 +156,7 @@ class Relay:
         if row is not None:
             OLDEST_AGE.set(row["oldest_age_seconds"])
             UNPUBLISHED.set(row["unpublished"])
+            self._backlog_shown = bool(row["unpublished"])
 
     def housekeeping(self, *, force: bool = False) -> int:
         """At most once a minute: delete documents no job references, past their retention, and job
@@ -196,15 +202,21 @@ class Relay:
                     )
                     listener.execute(Q["listen"])
                 claimed = self.relay_once()
-                self.update_backlog_metrics(force=claimed == 0)
+                # An empty claim brings gauges that still show a backlog to zero at once; once they
+                # do, an idle wake-up does not count the outbox again.
+                self.update_backlog_metrics(force=claimed == 0 and self._backlog_shown)
                 self.housekeeping()
                 self.close_batches()
                 failures = 0
                 if claimed >= s.batch_size:
                     continue
                 self.broker.keep_alive()
+                woken = False
                 for _ in listener.notifies(timeout=s.sweep_interval_seconds, stop_after=1):
-                    pass
+                    woken = True
+                if woken:
+                    for _ in listener.notifies(timeout=BATCH_LINGER_SECONDS):
+                        pass
             except Exception as exc:
                 # Whatever it was, the relay keeps relaying: a dependency blip is weather, and an
                 # unexpected error is logged with its traceback and retried after the same backoff.
