@@ -23,8 +23,12 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 OPTIONAL = ("matplotlib", "rich", "aiohttp", "confluent_kafka")
 # The services' processes, and the CLI that starts them (it imports every command module).
 RUNTIME = ("common", "acceptance", "inference", "delivery", "limiter", "edge", "cli", "sandbox/provider")
-# The processes of an extra import it; `fatura run` checks for the extra before importing them.
-EXTRA_PROCESSES = ("services.acceptance.kafka.ingress", "services.acceptance.kafka.export")
+# Modules that import an extra (the Kafka processes and theirs); `fatura run` checks for the extra first.
+EXTRA_MODULES = (
+    "services.acceptance.kafka.ingress",
+    "services.acceptance.kafka.export",
+    "services.acceptance.kafka.dead_letters",
+)
 
 # Makes importing the named top-level modules fail, as in an install without them.
 BLOCK = """
@@ -72,7 +76,7 @@ def _runtime_modules() -> list[str]:
         for path in sorted((ROOT / "services" / folder).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
             names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    return [name for name in names if name not in EXTRA_PROCESSES]
+    return [name for name in names if name not in EXTRA_MODULES]
 
 
 def test_the_runtime_services_import_without_any_extra() -> None:

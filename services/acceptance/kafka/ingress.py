@@ -41,6 +41,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from services.acceptance.accept import Acceptor
+from services.acceptance.kafka.dead_letters import send_dead_letter
 from services.acceptance.kafka.offsets import OffsetTracker
 from services.acceptance.kafka.queries import Q
 from services.acceptance.kafka.records import IngressRequest, parse
@@ -368,30 +369,7 @@ class Ingress:
         """Send the record to the dead-letter topic with its reason, wait for the broker's ack, then
         note it in the inbox so a redelivery does not send it twice."""
         log.warning("record %s[%d]@%d is poison (%s): %s", *part, offset, poison.reason, poison.detail)
-        loop = asyncio.get_running_loop()
-        sent: asyncio.Future[None] = loop.create_future()
-
-        def delivered(error: KafkaError | None, _: Message) -> None:
-            if error is None:
-                loop.call_soon_threadsafe(_settle, sent, None)
-            else:
-                loop.call_soon_threadsafe(_settle, sent, KafkaException(error))
-
-        self.producer.produce(
-            self.settings.dead_letter_topic,
-            key=message.key(),
-            value=message.value(),
-            headers=[
-                ("fatura-dead-letter-reason", poison.reason.encode()),
-                ("fatura-dead-letter-detail", poison.detail[:1000].encode()),
-                ("fatura-source-topic", part[0].encode()),
-                ("fatura-source-partition", str(part[1]).encode()),
-                ("fatura-source-offset", str(offset).encode()),
-                *(message.headers() or []),
-            ],
-            on_delivery=delivered,
-        )
-        await sent  # the poll loop serves the delivery report
+        await send_dead_letter(self.producer, self.settings.dead_letter_topic, message, poison)
         async with self.pool.connection() as conn, conn.transaction():
             await conn.execute(
                 Q["inbox_insert"],
@@ -407,15 +385,6 @@ class Ingress:
                 },
             )
         return "dead_lettered"
-
-
-def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
 
 
 def _names(partitions: Sequence[TopicPartition]) -> str:
