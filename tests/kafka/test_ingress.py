@@ -5,6 +5,7 @@ and neither a crash, a rebalance, admission nor poison loses or duplicates a rec
 from __future__ import annotations
 
 import signal
+import time
 import uuid
 from typing import Any
 
@@ -35,6 +36,17 @@ def start_ingress(spawn: SpawnFn, broker: Broker, topic: str, group: str, **env:
     )
     process.base_url = f"http://127.0.0.1:{port}"
     return process
+
+
+def blocker_params(tenant_id: uuid.UUID, key: str, text: str) -> dict[str, Any]:
+    """The acceptance of the job a record would make, written CANCELLED: in an open transaction it
+    holds the record's key (the record waits on it) without moving an admission counter, which
+    other records share."""
+    settings = AcceptanceSettings()
+    body = RequestParser(settings).create_job({"document": {"text": text, "filename": f"{key}.txt"}})
+    assert isinstance(body.document, DocumentBody)
+    plan = plan_job(settings, tenant_id, key, body, body.document.size_bytes, body.document.sha256)
+    return {**write_params(settings, tenant_id, key, body, plan, uuid.uuid4()), "state": "CANCELLED"}
 
 
 def jobs_by_key(pool: SyncPool, tenant_id: uuid.UUID) -> dict[str, int]:
@@ -171,14 +183,7 @@ def test_the_committed_offset_never_passes_a_record_still_being_accepted(
     group = f"g-{topic}"
     records = [(0, record_key(tenant.id, f"o{i}"), request(tenant.id, f"o{i}")) for i in range(6)]
     records[2] = (0, record_key(blocked.id, "o2"), request(blocked.id, "o2"))
-    settings = AcceptanceSettings()
-    body = RequestParser(settings).create_job(
-        {"document": {"text": "Invoice o2\nTotal: 10.00 EUR", "filename": "o2.txt"}}
-    )
-    assert isinstance(body.document, DocumentBody)
-    plan = plan_job(settings, blocked.id, "inv-o2", body, body.document.size_bytes, body.document.sha256)
-    # Written CANCELLED, the other transaction's job moves no admission counter (those are shared).
-    blocker = {**write_params(settings, blocked.id, "inv-o2", body, plan, uuid.uuid4()), "state": "CANCELLED"}
+    blocker = blocker_params(blocked.id, "inv-o2", "Invoice o2\nTotal: 10.00 EUR")
     with pool.connection() as conn:
         with conn.transaction():
             assert conn.execute(Q["accept_job"], blocker).fetchone() is not None
@@ -279,4 +284,39 @@ def test_a_malformed_record_goes_to_the_dead_letter_topic_with_its_reason(
     rows = inbox(pool, topic)
     assert [rows[(0, o)]["outcome"] for o in range(3)] == ["dead_lettered", "dead_lettered", "accepted"]
     assert jobs_by_key(pool, tenant.id) == {"inv-m2": 1}
+    ingress.stop()
+
+
+def test_a_full_pipeline_keeps_polling_within_max_poll_interval(
+    broker: Broker, spawn: SpawnFn, pool: SyncPool, make_tenant: MakeTenant
+) -> None:
+    """Given one slot, held for longer than max.poll.interval.ms by a record waiting in PostgreSQL
+    Then the consumer stays in the group (no revoke, no lost partition) and, once the record goes
+    through, the rest follow and are committed."""
+    tenant = make_tenant()
+    topic = broker.create_topic(1)
+    group = f"g-{topic}"
+    broker.produce(
+        topic, [(0, record_key(tenant.id, f"p{i}"), request(tenant.id, f"p{i}")) for i in range(4)]
+    )
+    blocker = blocker_params(tenant.id, "inv-p0", "Invoice p0\nTotal: 10.00 EUR")
+    with pool.connection() as conn:
+        with conn.transaction():
+            assert conn.execute(Q["accept_job"], blocker).fetchone() is not None
+            ingress = start_ingress(
+                spawn,
+                broker,
+                topic,
+                group,
+                FATURA_KAFKA_INGRESS_MAX_IN_FLIGHT="1",
+                FATURA_KAFKA_MAX_POLL_INTERVAL_MS="2000",
+            )
+            wait_for(lambda: "assigned" in ingress.log(), "assigned", log=ingress.log_tail)
+            wait_for(lambda: metric(ingress, "fatura_kafka_ingress_in_flight") == 1, "the slot taken")
+            time.sleep(3)  # past max.poll.interval.ms with the only slot taken
+            assert inbox(pool, topic) == {}
+    wait_for(lambda: broker.committed(group, topic, 1) == {0: 4}, "committed", log=ingress.log_tail)
+    log = ingress.log()
+    assert log.count("assigned") == 1 and "revoked" not in log and "lost" not in log, ingress.log_tail()
+    assert jobs_by_key(pool, tenant.id) == {f"inv-p{i}": 1 for i in range(4)}
     ingress.stop()
