@@ -272,6 +272,7 @@ class Ingress:
         try:
             outcome = await self._process(part, offset, message)
             self._failures.pop(part, None)
+            self._unexpected.pop((*part, offset), None)
         except Hold as hold:
             HELD.labels(hold.reason).inc()
             self._hold(part, offset, hold.seconds)
