@@ -71,7 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the pool pacings measured, in this order (default window,gcra)",
     )
     p.add_argument(
-        "--burst-seconds", type=float, default=0.0, help="the gcra pool's burst_seconds (0-1, default 0)"
+        "--burst-seconds",
+        type=float,
+        default=None,
+        help="the gcra pool's burst_seconds (0-1; default: the pool's own, 0.5)",
     )
     p.add_argument(
         "--no-per-second",
@@ -171,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     limiters = [name.strip() for name in args.limiters.split(",") if name.strip()]
     if not limiters or any(name not in LIMITERS for name in limiters):
         raise SystemExit(f"--limiters takes a comma-separated list of {', '.join(LIMITERS)}")
-    if not 0 <= args.burst_seconds <= 1:
+    if args.burst_seconds is not None and not 0 <= args.burst_seconds <= 1:
         raise SystemExit("--burst-seconds must be from 0 to 1")
     rate = args.rpm / 60 if args.rpm else args.concurrency / (args.latency_ms / 1000)
     backlog = int(rate * args.duration * 1.3) + 300
@@ -180,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
         f"provider RPM {args.rpm}, TPM {args.tpm or 'unlimited'}, concurrency {args.concurrency}, latency "
         f"{args.distribution} mean {args.latency_ms:g} ms, "
         f"{'quantized per second' if args.per_second else 'per minute only'}; limiter pool the same over "
-        f"{args.pool_window_ms} ms, pacing {' then '.join(limiters)} (gcra burst {args.burst_seconds:g} s); "
+        f"{args.pool_window_ms} ms, pacing {' then '.join(limiters)} (gcra burst "
+        f"{'default' if args.burst_seconds is None else f'{args.burst_seconds:g} s'}); "
         f"{args.workers} workers x {args.slots} slots; scheduler interval "
         f"{f'{args.scheduler_interval:g} s' if args.scheduler_interval else 'default'}; "
         f"{args.duration:g} s measured each; backlog "

@@ -47,8 +47,10 @@ class PoolLimits:
     # window's caps alone, which a pool may spend at once. Default: gcra hosted, window local.
     pacing: str = "gcra"
     # How far the paces may run ahead of the clock, as a share of a second's worth of requests
-    # (0 to 1); at least one request always goes. 0: evenly spaced.
-    burst_seconds: float = 0.0
+    # (0 to 1); at least one request always goes. 0: evenly spaced, which loses every moment a
+    # claim comes late to its turn; half a second catches up on that and leaves the other half of
+    # a provider's one-second bucket for send-delay variation (docs/benchmarks.md, bench quota).
+    burst_seconds: float = 0.5
 
     @property
     def burst_ms(self) -> int:
@@ -156,7 +158,7 @@ def _pool(name: str, raw: Any) -> PoolLimits:
     pacing = table.get("pacing", "gcra" if kind == "hosted" else "window")
     if pacing not in ("gcra", "window"):
         raise ConfigError(f"{where}.pacing must be 'gcra' or 'window', not {pacing!r}")
-    burst = table.get("burst_seconds", 0.0)
+    burst = table.get("burst_seconds", PoolLimits.burst_seconds if pacing == "gcra" else 0.0)
     if isinstance(burst, bool) or not isinstance(burst, int | float) or not 0 <= burst <= 1:
         raise ConfigError(f"{where}.burst_seconds must be a number from 0 to 1, not {burst!r}")
     if "burst_seconds" in table and pacing != "gcra":

@@ -24,6 +24,7 @@ CONFIG = parse_config(
 rpm = 600
 tpm = 1000000000
 max_in_flight = 1000
+burst_seconds = 0
 
 [pools.bursty]
 rpm = 600
@@ -35,6 +36,7 @@ burst_seconds = 0.5
 rpm = 1000000
 tpm = 60000
 max_in_flight = 1000
+burst_seconds = 0
 
 [pools.windowed]
 pacing = "window"
@@ -153,6 +155,8 @@ def test_window_pacing_and_local_pools_keep_the_window_alone(ops: tuple[LimiterO
         assert all(isinstance(r, Denial) and r.reason is DenyReason.RPM for r in replies[10:])
     assert CONFIG.pool("gpu").pacing == "window"
     assert CONFIG.pool("steady").pacing == "gcra"
+    assert (CONFIG.pool("race").burst_seconds, CONFIG.pool("gpu").burst_seconds) == (1.0, 0.0)
+    assert parse_config("[pools.x]\nrpm = 1\ntpm = 1\nmax_in_flight = 1\n").pool("x").burst_seconds == 0.5
 
 
 def test_the_window_still_caps_the_minute_under_a_burst(ops: tuple[LimiterOps, RedisStore]) -> None:
