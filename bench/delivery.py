@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     report.add_out_argument(p, "bench-delivery.png")
 
 
-def _bodies(tenant_id: uuid.UUID, n: int) -> list[tuple[uuid.UUID, bytes]]:
+def _bodies(tenant_id: uuid.UUID, n: int) -> list[tuple[uuid.UUID, uuid.UUID, bytes]]:
     result = {"invoice_number": "AK-2026-000184", "currency": "TRY", "total": "5400.00", "lines": 1}
     out = []
     for _ in range(n):
@@ -67,7 +67,7 @@ def _bodies(tenant_id: uuid.UUID, n: int) -> list[tuple[uuid.UUID, bytes]]:
             occurred_at=datetime.now(UTC),
             job={"state_version": 3, "result": result, "policy_version": "invoice-policy.v1"},
         )
-        out.append((event_id, body))
+        out.append((event_id, job_id, body))
     return out
 
 
@@ -159,12 +159,15 @@ def run(args: argparse.Namespace) -> int:
                 )
                 cur.executemany(
                     """INSERT INTO deliveries
-                           (delivery_id, event_id, event_type, endpoint_id, tenant_id, body, woken_at)
-                       VALUES (%s, %s, 'extraction.completed.v1', %s, %s, %s, now())""",
-                    [(signing.delivery_id(e, endpoint_id), e, endpoint_id, tenant_id, b) for e, b in events],
+                           (delivery_id, event_id, event_type, endpoint_id, tenant_id, job_id, body, woken_at)
+                       VALUES (%s, %s, 'extraction.completed.v1', %s, %s, %s, %s, now())""",
+                    [
+                        (signing.delivery_id(e, endpoint_id), e, endpoint_id, tenant_id, j, b)
+                        for e, j, b in events
+                    ],
                 )
             broker = make_broker(stack.common)
-            for event_id, _ in events:
+            for event_id, _, _ in events:
                 broker.enqueue(deliver_message(stack.prefix, signing.delivery_id(event_id, endpoint_id)))
             broker.close()
             erp_cpu_before = cpu.process_seconds(erp.pid)
@@ -206,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
             erp_cpu_before = cpu.process_seconds(erp.pid)
             bench_cpu_before = time.process_time()
             raw_rate, raw_ms, raw_errors = _raw_phase(
-                f"{erp_url}/webhooks", secret, [b for _, b in events], args.threads
+                f"{erp_url}/webhooks", secret, [b for _, _, b in events], args.threads
             )
             erp_cpu_raw = cpu.process_seconds(erp.pid) - erp_cpu_before
             raw_client_cpu = time.process_time() - bench_cpu_before
