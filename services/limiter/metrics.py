@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from services.limiter.errors import LimiterError
@@ -38,6 +41,14 @@ RPC_SECONDS = Histogram(
     ["method", "code"],
     buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
+
+
+@functools.lru_cache(maxsize=4096)
+def labelled(metric: MetricWrapperBase, *values: str) -> Any:
+    """``metric.labels(*values)``, remembered: the RPC path asks for the same few children for every
+    call. Label values here are methods, codes and configured pools (a request naming an unknown
+    pool fails before it is counted), so the cache holds few entries."""
+    return metric.labels(*values)
 
 
 class PoolCollector(Collector):

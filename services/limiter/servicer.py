@@ -130,7 +130,7 @@ class LimiterServicer(pb_grpc.LimiterServiceServicer):
             code = grpc.StatusCode.UNKNOWN  # a bug: grpc answers UNKNOWN and logs the traceback
             raise
         finally:
-            metrics.RPC_SECONDS.labels(method, code.name).observe(time.perf_counter() - started)
+            metrics.labelled(metrics.RPC_SECONDS, method, code.name).observe(time.perf_counter() - started)
 
     async def Acquire(self, request: pb.AcquireRequest, context: Any) -> pb.AcquireResponse:
         async def call() -> pb.AcquireResponse:
@@ -234,17 +234,17 @@ def _acquire_request(request: pb.AcquireRequest) -> AcquireRequest:
 
 def _acquire_response(pool: str, result: Grant | Denial) -> pb.AcquireResponse:
     if isinstance(result, Denial):
-        metrics.DENIALS.labels(pool, result.reason.value).inc()
+        metrics.labelled(metrics.DENIALS, pool, result.reason.value).inc()
         denial = pb.Denial(reason=_REASON_TO_PROTO[result.reason], retry_after_ms=result.retry_after_ms)
         return pb.AcquireResponse(denied=denial)
-    metrics.GRANTS.labels(pool).inc()
+    metrics.labelled(metrics.GRANTS, pool).inc()
     grant = pb.Grant(permit_id=result.permit_id, lease_expires_at=timestamp(result.lease_expires_at_ms))
     return pb.AcquireResponse(granted=grant)
 
 
 def _release_response(request: pb.ReleaseRequest, outcome: Outcome, released: Released) -> pb.ReleaseResponse:
     if not released.already_released:
-        metrics.RELEASES.labels(_pool_of(request.permit_id), outcome.value).inc()
+        metrics.labelled(metrics.RELEASES, _pool_of(request.permit_id), outcome.value).inc()
     return pb.ReleaseResponse(already_released=released.already_released)
 
 
@@ -257,9 +257,9 @@ def _item_result(item: pb.BatchItem, result: Any, seconds: float) -> pb.BatchRes
         code = status_for(result)
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL):
             log.warning("%s (in a batch) failed: %s", method, result)
-        metrics.RPC_SECONDS.labels(method, code.name).observe(seconds)
+        metrics.labelled(metrics.RPC_SECONDS, method, code.name).observe(seconds)
         return pb.BatchResult(error=pb.ItemError(code=code.value[0], message=str(result)))
-    metrics.RPC_SECONDS.labels(method, "OK").observe(seconds)
+    metrics.labelled(metrics.RPC_SECONDS, method, "OK").observe(seconds)
     if kind == "acquire":
         return pb.BatchResult(acquire=_acquire_response(item.acquire.pool, result))
     release = item.release
