@@ -20,6 +20,10 @@ POST_SECONDS = Histogram(
 )
 LEASES_EXPIRED = Counter("fatura_delivery_leases_expired_total", "Claims of dead senders taken back")
 WAKEUPS = Counter("fatura_delivery_wakeups_total", "Wake-ups sent by the scheduler")
+WAKEUPS_DROPPED = Counter(
+    "fatura_delivery_wakeups_dropped_total",
+    "Wake-ups dropped without a query: their delivery was already sent in another one's batch",
+)
 PENDING = Gauge("fatura_delivery_pending", "Deliveries waiting to be sent")
 # What KEDA scales the delivery workers on (deploy/k8s): pending deliveries whose time has come, not
 # those waiting out a retry delay.

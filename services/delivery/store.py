@@ -155,12 +155,31 @@ class Claim:
 
 def claim(pool: ConnectionPool[Any], delivery_id: uuid.UUID, settings: DeliverySettings) -> Claim | None:
     """Take a due delivery under a new fence, or decide why not (wait, fail, skip)."""
+    claims = claim_batch(pool, delivery_id, settings, limit=1)
+    return claims[0] if claims else None
+
+
+def batch_lease_seconds(settings: DeliverySettings, size: int) -> float:
+    """The lease of a batch of ``size``: sent one after another, the last POST may start
+    ``size - 1`` total timeouts after the claim and must still be recorded within its lease."""
+    return settings.lease_seconds + (size - 1) * settings.limits.total_timeout
+
+
+def claim_batch(
+    pool: ConnectionPool[Any], delivery_id: uuid.UUID, settings: DeliverySettings, *, limit: int
+) -> list[Claim]:
+    """Take the woken delivery under a new fence, and up to ``limit - 1`` others due to its endpoint
+    (sent after it by the same sender: the batch counts once toward the endpoint's concurrency cap),
+    or decide why not (wait, fail, skip).
+
+    The woken delivery comes first; an empty list means nothing is to be sent now.
+    """
     with pool.connection() as conn, conn.transaction():
         if conn.execute(Q["lock_endpoint_of"], {"delivery_id": delivery_id}).fetchone() is None:
-            return None
+            return []
         row = conn.execute(Q["claim_context"], {"delivery_id": delivery_id}).fetchone()
         if row is None:
-            return None
+            return []
         open_for = None
         if row["breaker_open"]:
             open_for = max((row["breaker_open_until"] - datetime.now(UTC)).total_seconds(), 0.05)
@@ -175,7 +194,7 @@ def claim(pool: ConnectionPool[Any], delivery_id: uuid.UUID, settings: DeliveryS
             concurrency_wait=random.uniform(0.2, 0.6),
         )
         if decision.action == "skip":
-            return None
+            return []
         if decision.action == "wait":
             metrics.POSTPONED.labels("breaker" if open_for else "concurrency").inc()
             conn.execute(
@@ -186,11 +205,11 @@ def claim(pool: ConnectionPool[Any], delivery_id: uuid.UUID, settings: DeliveryS
                     "reason": decision.reason,
                 },
             )
-            return None
+            return []
         if decision.action == "fail":
             conn.execute(Q["fail_unsendable"], {"delivery_id": delivery_id, "reason": decision.reason})
             metrics.OUTCOMES.labels("failed").inc()
-            return None
+            return []
         try:
             secrets = _open_secrets(settings.require_keyring("the delivery worker"), row)
         except KeyringError as exc:
@@ -204,25 +223,47 @@ def claim(pool: ConnectionPool[Any], delivery_id: uuid.UUID, settings: DeliveryS
                     "reason": f"secret_unreadable: {exc}",
                 },
             )
-            return None
-        # Conditional: a resend or the scheduler may have changed the row since it was read.
-        c = conn.execute(
-            Q["claim"], {"delivery_id": delivery_id, "lease_seconds": settings.lease_seconds}
-        ).fetchone()
-        if c is None:
-            return None
-        return Claim(
-            delivery_id=delivery_id,
-            endpoint_id=row["endpoint_id"],
-            url=row["url"],
-            body=bytes(row["body"]),
-            secrets=secrets,
-            fence=int(c["fence"]),
-            attempt=int(c["attempts"]),
-            round_attempt=int(c["attempts"]) - int(c["attempts_base"]),
-            started_at=c["started_at"],
-            endpoint_dirty=bool(row["endpoint_dirty"]),
-            traceparent=row["traceparent"],
+            return []
+        # The gate saw room for one more sender; a batch is one sender. A dirty endpoint (failing,
+        # its breaker half-open, not yet verified) is probed one delivery at a time.
+        size = 1 if row["endpoint_dirty"] else limit
+        rows = conn.execute(
+            Q["claim"],
+            {
+                "delivery_id": delivery_id,
+                "endpoint_id": row["endpoint_id"],
+                "more": size - 1,
+                "lease_seconds": batch_lease_seconds(settings, size),
+            },
+        ).fetchall()
+        claims = [
+            Claim(
+                delivery_id=c["delivery_id"],
+                endpoint_id=row["endpoint_id"],
+                url=row["url"],
+                body=bytes(c["body"]),
+                secrets=secrets,
+                fence=int(c["fence"]),
+                attempt=int(c["attempts"]),
+                round_attempt=int(c["attempts"]) - int(c["attempts_base"]),
+                started_at=c["started_at"],
+                endpoint_dirty=bool(row["endpoint_dirty"]),
+                traceparent=c["traceparent"],
+            )
+            for c in rows
+        ]
+        claims.sort(key=lambda c: c.delivery_id != delivery_id)
+        return claims
+
+
+def release_unsent(pool: ConnectionPool[Any], claims: list[Claim]) -> None:
+    """Give back claims of a batch that were not sent: due again, no attempt spent."""
+    if not claims:
+        return
+    with pool.connection() as conn:
+        conn.execute(
+            Q["release_unsent"],
+            {"delivery_ids": [c.delivery_id for c in claims], "fences": [c.fence for c in claims]},
         )
 
 
@@ -252,12 +293,64 @@ def record(
     The endpoint's health is updated first (lock order: endpoint, then delivery), also for a stale
     attempt: what the receiver answered is a true observation of the endpoint either way.
     """
+    params = _record_params(claim, result, decision, settings)
+    with pool.connection() as conn:
+        if touches_endpoint(claim, decision):
+            with conn.transaction():
+                _endpoint_health(conn, claim, decision, settings)
+                row = conn.execute(Q["record_attempt"], params).fetchone()
+        else:
+            # The common case, a delivery to a healthy endpoint: one atomic statement, one round trip.
+            row = conn.execute(Q["record_attempt"], params).fetchone()
+    return _recorded(claim, decision, row)
+
+
+def record_many(
+    pool: ConnectionPool[Any],
+    attempts: list[tuple[Claim, AttemptResult, Decision]],
+    settings: DeliverySettings,
+) -> int:
+    """Record attempts that leave their endpoint's health as it is (``touches_endpoint`` is False
+    for each), every one under its own claim's fence, in one transaction and round trip; returns how
+    many were recorded (the others had lost their claim)."""
+    if not attempts:
+        return 0
+    for claim, _, decision in attempts:
+        if touches_endpoint(claim, decision):
+            raise ValueError(f"delivery {claim.delivery_id}: its attempt changes the endpoint's health")
+    params = [_record_params(c, r, d, settings) for c, r, d in attempts]
+    rows: list[DictRow | None] = []
+    with pool.connection() as conn, conn.cursor() as cur:
+        # Pipelined up to one Sync, so PostgreSQL runs them as one implicit transaction: all are
+        # recorded or none (a retry after a blip cannot log an attempt twice).
+        cur.executemany(Q["record_attempt"], params, returning=True)
+        while True:
+            rows.append(cur.fetchone())
+            if not cur.nextset():
+                break
+    return sum(_recorded(c, d, row) for (c, _, d), row in zip(attempts, rows, strict=True))
+
+
+def _recorded(claim: Claim, decision: Decision, row: DictRow | None) -> bool:
+    if row is None or row["outcome"] == "stale":
+        metrics.STALE.inc()
+        log.warning(
+            "delivery %s: fence %d lost its claim; outcome not recorded", claim.delivery_id, claim.fence
+        )
+        return False
+    metrics.OUTCOMES.labels(decision.state).inc()
+    return True
+
+
+def _record_params(
+    claim: Claim, result: AttemptResult, decision: Decision, settings: DeliverySettings
+) -> dict[str, Any]:
     body = result.response_body
     if body is not None:
         # Decoding with replacement can grow invalid bytes; the stored text keeps the byte cap.
         cap = settings.limits.max_response_bytes
         body = body.encode("utf-8")[:cap].decode("utf-8", errors="ignore")
-    params = {
+    return {
         "delivery_id": claim.delivery_id,
         "fence": claim.fence,
         "state": decision.state,
@@ -273,25 +366,10 @@ def record(
         else int(result.retry_after_seconds * 1000),
         "latency_ms": result.latency_ms,
     }
-    with pool.connection() as conn:
-        if _touches_endpoint(claim, decision):
-            with conn.transaction():
-                _endpoint_health(conn, claim, decision, settings)
-                row = conn.execute(Q["record_attempt"], params).fetchone()
-        else:
-            # The common case, a delivery to a healthy endpoint: one atomic statement, one round trip.
-            row = conn.execute(Q["record_attempt"], params).fetchone()
-    if row is None or row["outcome"] == "stale":
-        metrics.STALE.inc()
-        log.warning(
-            "delivery %s: fence %d lost its claim; outcome not recorded", claim.delivery_id, claim.fence
-        )
-        return False
-    metrics.OUTCOMES.labels(decision.state).inc()
-    return True
 
 
-def _touches_endpoint(claim: Claim, decision: Decision) -> bool:
+def touches_endpoint(claim: Claim, decision: Decision) -> bool:
+    """Whether recording this attempt changes its endpoint's health row."""
     return (
         (decision.healthy and claim.endpoint_dirty)
         or decision.breaker_failure

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -53,6 +54,41 @@ def deliver_message(prefix: str, delivery_id: uuid.UUID) -> dramatiq.Message[Any
     )
 
 
+class TakenInBatches:
+    """Deliveries this process claimed in another delivery's batch, whose own wake-up is then
+    dropped without a query: the database would answer that there is nothing to do.
+
+    An entry is dropped when its wake-up comes, when the batch gives the delivery back, or when its
+    attempt leaves it due again; it also expires (the batch's lease). A wake-up dropped wrongly
+    would only wait for the scheduler's re-wake; nothing is sent on the strength of this memo.
+    """
+
+    MAX_ENTRIES = 100_000
+
+    def __init__(self) -> None:
+        self._until: dict[uuid.UUID, float] = {}
+        self._lock = threading.Lock()
+
+    def add(self, delivery_ids: list[uuid.UUID], seconds: float) -> None:
+        until = time.monotonic() + seconds
+        with self._lock:
+            for delivery_id in delivery_ids:
+                self._until[delivery_id] = until
+            while len(self._until) > self.MAX_ENTRIES:  # oldest first: dicts keep insertion order
+                del self._until[next(iter(self._until))]
+
+    def discard(self, delivery_ids: list[uuid.UUID]) -> None:
+        with self._lock:
+            for delivery_id in delivery_ids:
+                self._until.pop(delivery_id, None)
+
+    def take(self, delivery_id: uuid.UUID) -> bool:
+        """Whether ``delivery_id`` was taken in a batch lately (forgotten once asked)."""
+        with self._lock:
+            until = self._until.pop(delivery_id, None)
+        return until is not None and until > time.monotonic()
+
+
 class DeliveryWorker:
     """The two actors' bodies, with what they share (pool, sender, settings)."""
 
@@ -63,6 +99,7 @@ class DeliveryWorker:
         self.pool = pool
         self.broker = broker
         self.sender = sender
+        self.taken = TakenInBatches()
         prefix = settings.common.queue_prefix
         self.ingest_queue = ingest_queue(prefix)
         self.deliver_queue = deliver_queue(prefix)
@@ -105,11 +142,46 @@ class DeliveryWorker:
             self.deliver_one(parsed)
 
     def deliver_one(self, delivery_id: uuid.UUID) -> bool:
-        """Attempt one delivery if it is due and its endpoint can take it; True when attempted."""
+        """Attempt the delivery if it is due and its endpoint can take it, with up to
+        ``batch_size - 1`` others due to the same endpoint; True when one was attempted.
+
+        The batch is sent one delivery after another over the endpoint's kept-alive connection.
+        Attempts that leave the endpoint healthy are recorded together at the end, each under its
+        own fence; the first one that does not get through is recorded at once and the rest of the
+        batch is given back unsent (due again, no attempt spent).
+        """
         s = self.settings
-        claim = store.claim(self.pool, delivery_id, s)
-        if claim is None:
+        if self.taken.take(delivery_id):
+            metrics.WAKEUPS_DROPPED.inc()
             return False
+        claims = store.claim_batch(self.pool, delivery_id, s, limit=s.batch_size)
+        if not claims:
+            return False
+        lease = store.batch_lease_seconds(s, len(claims))
+        # Each claim's lease started at the claim; recording must end before it does.
+        lease_end = time.monotonic() + lease - 1.0
+        self.taken.add([c.delivery_id for c in claims if c.delivery_id != delivery_id], lease)
+        done: list[tuple[store.Claim, AttemptResult, Decision]] = []
+        try:
+            for i, claim in enumerate(claims):
+                result, decision = self._attempt(claim)
+                if store.touches_endpoint(claim, decision):
+                    self._record(lease_end, claim, result, decision)
+                else:
+                    done.append((claim, result, decision))
+                if decision.state != "delivered":
+                    # Due again (now, or after its retry delay): its next wake-up must be heard.
+                    self.taken.discard([c.delivery_id for c in claims[i:]])
+                    store.release_unsent(self.pool, claims[i + 1 :])
+                    break
+        finally:
+            if done:
+                self._record_many(lease_end, done)
+        return True
+
+    def _attempt(self, claim: store.Claim) -> tuple[AttemptResult, Decision]:
+        """Sign and POST one claimed delivery; what happened and what it means."""
+        s = self.settings
         msg_id = str(claim.delivery_id)
         attributes: dict[str, str | int] = {"delivery_id": msg_id, "attempt": claim.attempt}
         attributes["fence"] = claim.fence
@@ -131,28 +203,31 @@ class DeliveryWorker:
             if result.status is not None:
                 span.set_attribute("http.response.status_code", result.status)
             span.set_attribute("delivery.outcome", decision.state)
-            self._record(claim, result, decision)
             log.info(
                 "delivery %s attempt %d: %s (%s)", msg_id, claim.attempt, decision.state, decision.reason
             )
-        return True
+        return result, decision
 
-    def _record(self, claim: store.Claim, result: AttemptResult, decision: Decision) -> None:
+    def _record(
+        self, lease_end: float, claim: store.Claim, result: AttemptResult, decision: Decision
+    ) -> None:
         """Record the attempt, waiting out a database blip while the claim's lease lasts: the POST
         was made, and an unrecorded attempt would be sent again after the lease."""
-        # The claim was taken just before the POST; its lease runs out about this much later.
-        lease_end = time.monotonic() + self.settings.lease_seconds - (result.latency_ms or 0) / 1000 - 1.0
+        self._while_leased(lease_end, lambda: store.record(self.pool, claim, result, decision, self.settings))
+
+    def _record_many(self, lease_end: float, done: list[tuple[store.Claim, AttemptResult, Decision]]) -> None:
+        self._while_leased(lease_end, lambda: store.record_many(self.pool, done, self.settings))
+
+    def _while_leased(self, lease_end: float, write: Callable[[], object]) -> None:
         delay = 0.2
         while True:
             try:
-                store.record(self.pool, claim, result, decision, self.settings)
+                write()
                 return
             except Exception as exc:
                 if not is_transient(exc) or time.monotonic() + delay >= lease_end:
                     raise
-                log.warning(
-                    "delivery %s: recording its attempt failed (%s); retrying", claim.delivery_id, exc
-                )
+                log.warning("recording delivery attempts failed (%s); retrying", exc)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
 

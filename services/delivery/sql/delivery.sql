@@ -29,19 +29,22 @@ RETURNING delivery_id, state
 -- name: lock_endpoint_of
 -- Claims of one endpoint take turns on its row. The lock is its own statement: a statement's
 -- snapshot is taken before it waits for a lock, so a count read in the same statement would miss
--- the claims committed meanwhile, and the concurrency cap would leak.
+-- the claims committed meanwhile, and the concurrency cap would leak. A delivery that is not
+-- pending and due (a wake-up for one a batch already took) takes no lock: there is nothing to do.
 SELECT e.id FROM webhook_endpoints e
-WHERE e.id = (SELECT endpoint_id FROM deliveries WHERE delivery_id = %(delivery_id)s)
+WHERE e.id = (SELECT endpoint_id FROM deliveries
+              WHERE delivery_id = %(delivery_id)s AND state = 'pending' AND next_attempt_at <= now())
 FOR UPDATE
 
 -- name: claim_context
 -- Read under the endpoint's lock, with a fresh snapshot: the in-flight count is exact.
-SELECT d.state, d.body, d.next_attempt_at <= now() AS due, d.traceparent,
+SELECT d.state, d.next_attempt_at <= now() AS due,
        e.id AS endpoint_id, e.url, e.state AS endpoint_state, e.max_concurrency, e.breaker_open_until,
        coalesce(e.breaker_open_until > now(), false) AS breaker_open,
        (e.consecutive_failures <> 0 OR e.consecutive_auth_failures <> 0 OR e.verified_at IS NULL
         OR e.breaker_open_until IS NOT NULL) AS endpoint_dirty,
-       (SELECT count(*) FROM deliveries f
+       -- Requests that can be open at once: a batch is sent one delivery after another.
+       (SELECT count(DISTINCT coalesce(f.sender, f.delivery_id)) FROM deliveries f
         WHERE f.endpoint_id = e.id AND f.state = 'delivering' AND f.lease_until > now()) AS in_flight,
        -- Sealed (services/common/keyring.py); the worker opens them to sign.
        coalesce((SELECT jsonb_agg(jsonb_build_object(
@@ -56,11 +59,37 @@ JOIN webhook_endpoints e ON e.id = d.endpoint_id
 WHERE d.delivery_id = %(delivery_id)s
 
 -- name: claim
-UPDATE deliveries
-SET state = 'delivering', fence = fence + 1, attempts = attempts + 1,
+-- Under the endpoint's lock and within its cap: the woken delivery and up to %(more)s others due
+-- to the same endpoint, which the same sender (named by the woken delivery's id) sends one after
+-- another over its kept-alive connection; their own wake-ups then find nothing to do. Each row
+-- is conditional: a resend or the scheduler may have changed it since it was read.
+WITH named AS (
+    SELECT delivery_id FROM deliveries
+    WHERE delivery_id = %(delivery_id)s AND state = 'pending' AND next_attempt_at <= now()
+), more AS (
+    SELECT delivery_id FROM deliveries
+    WHERE endpoint_id = %(endpoint_id)s AND state = 'pending' AND next_attempt_at <= now()
+      AND delivery_id <> %(delivery_id)s
+    ORDER BY next_attempt_at
+    LIMIT %(more)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE deliveries d
+SET state = 'delivering', fence = d.fence + 1, attempts = d.attempts + 1, sender = %(delivery_id)s,
     lease_until = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
-WHERE delivery_id = %(delivery_id)s AND state = 'pending' AND next_attempt_at <= now()
-RETURNING fence, attempts, attempts_base, now() AS started_at
+WHERE d.delivery_id IN (SELECT delivery_id FROM named UNION ALL SELECT delivery_id FROM more)
+  AND d.state = 'pending' AND d.next_attempt_at <= now()
+RETURNING d.delivery_id, d.body, d.traceparent, d.fence, d.attempts, d.attempts_base,
+          now() AS started_at
+
+-- name: release_unsent
+-- Claimed in a batch and not sent (an earlier delivery of the batch did not get through): due
+-- again at once, under the fence that claimed it, without spending an attempt.
+UPDATE deliveries d
+SET state = 'pending', attempts = d.attempts - 1, lease_until = NULL, next_attempt_at = now(),
+    woken_at = NULL, updated_at = now()
+FROM unnest(%(delivery_ids)s::uuid[], %(fences)s::bigint[]) AS u(delivery_id, fence)
+WHERE d.delivery_id = u.delivery_id AND d.fence = u.fence AND d.state = 'delivering'
 
 -- name: postpone
 -- Not an attempt: the endpoint's breaker is open or it is at its concurrency cap.
