@@ -162,7 +162,10 @@ class _Batcher:
         with self._lock:
             self._queue.append(waiting)
             batch = self._take_locked()
-        if batch:
+        if batch == [waiting]:
+            # Alone: the call waits in its own thread, as a unary RPC would (no hand-off to grpc's).
+            self._send_here(batch)
+        elif batch:
             self._send(batch)
         if not waiting.done.wait(timeout_s):
             with self._lock:
@@ -197,6 +200,18 @@ class _Batcher:
             return
         future.add_done_callback(lambda done: self._answered(batch, done))
 
+    def _send_here(self, batch: list[_Waiting]) -> None:
+        timeout = max(w.deadline for w in batch) - time.monotonic()
+        request = pb.BatchRequest(items=[w.item for w in batch])
+        try:
+            response = self._stub.Batch(request, timeout=max(timeout, 0.001), metadata=self._metadata)
+        except grpc.RpcError as exc:
+            self._finish(batch, None, _Failed(exc.code(), exc.details() or exc.code().name))
+        except Exception as exc:  # e.g. the channel is closed
+            self._finish(batch, None, _Failed(grpc.StatusCode.UNAVAILABLE, f"{type(exc).__name__}: {exc}"))
+        else:
+            self._check(batch, response)
+
     def _answered(self, batch: list[_Waiting], future: Any) -> None:
         try:
             response = future.result()
@@ -205,13 +220,14 @@ class _Batcher:
         except Exception as exc:  # cancelled: the client is closing
             self._finish(batch, None, _Failed(grpc.StatusCode.CANCELLED, f"{type(exc).__name__}: {exc}"))
         else:
-            if len(response.results) != len(batch):
-                failed = _Failed(
-                    grpc.StatusCode.INTERNAL, f"{len(response.results)} results for {len(batch)}"
-                )
-                self._finish(batch, None, failed)
-            else:
-                self._finish(batch, list(response.results), None)
+            self._check(batch, response)
+
+    def _check(self, batch: list[_Waiting], response: pb.BatchResponse) -> None:
+        if len(response.results) != len(batch):
+            count = f"{len(response.results)} results for {len(batch)} items"
+            self._finish(batch, None, _Failed(grpc.StatusCode.INTERNAL, count))
+        else:
+            self._finish(batch, list(response.results), None)
 
     def _finish(
         self, batch: list[_Waiting], results: list[pb.BatchResult] | None, error: _Failed | None
