@@ -146,6 +146,21 @@ def test_a_request_not_sent_gives_its_turn_back(ops: tuple[LimiterOps, RedisStor
     assert isinstance(ask(ops, "steady", t0 + 1), Grant)
 
 
+def test_a_permit_handed_out_again_keeps_its_turn_when_released_not_sent(
+    ops: tuple[LimiterOps, RedisStore],
+) -> None:
+    """Given a permit whose Acquire was retried with the same request_key (another process may be
+    the one that sends it) When it is released NOT_SENT Then the pace keeps the turn."""
+    limiter, store = ops
+    t0 = start_ms()
+    request = AcquireRequest("steady", "acme", 1, 0, 300_000, "the-same-key")
+    first = store.execute(limiter.acquire(request, t0))
+    again = store.execute(limiter.acquire(request, t0 + 5))
+    assert isinstance(first, Grant) and again == first
+    store.execute(limiter.release(first.permit_id, Outcome.NOT_SENT, 0, 0))
+    assert ask(ops, "steady", t0 + 10) == Denial(DenyReason.RPM, 90)
+
+
 def test_window_pacing_and_local_pools_keep_the_window_alone(ops: tuple[LimiterOps, RedisStore]) -> None:
     """A pool with pacing = "window" (and a local pool, by default) may spend its window at once."""
     t0 = start_ms()

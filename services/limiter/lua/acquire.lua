@@ -83,6 +83,11 @@ if redis.call('EXISTS', KEYS[8]) == 1 then
   if state == 'held' and expires <= now then
     state = 'expired'
   end
+  if state == 'held' then
+    -- Handed out again: the caller that asked first may release it NOT_SENT while this one sends
+    -- (release.lua then keeps the pace's turn).
+    redis.call('HSET', KEYS[8], 'again', 1)
+  end
   return {'existing', pid, expires, state, now}
 end
 

@@ -29,7 +29,7 @@ local outcome = ARGV[2]
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return {'not_found', now}
 end
-local rec = redis.call('HMGET', KEYS[1], 'state', 'outcome', 'tokens', 'day', 'budgeted')
+local rec = redis.call('HMGET', KEYS[1], 'state', 'outcome', 'tokens', 'day', 'budgeted', 'again')
 if rec[1] == 'released' then
   return {'already', rec[2], now}
 end
@@ -61,8 +61,11 @@ if counted then
 end
 
 -- A paced pool's TATs are moved back by what was not spent (forward if usage beat the
--- reservation), as the window's counts are: a request not sent gives its turn back.
+-- reservation), as the window's counts are: a request not sent gives its turn back, unless a
+-- retried Acquire handed the permit out again (acquire.lua marks it): the NOT_SENT may then come
+-- from the caller that gave up on its Acquire while the retrying one sends, so the turn is kept.
 local request_ms = tonumber(ARGV[5] or '0') or 0
+if outcome == 'NOT_SENT' and rec[6] == '1' then request_ms = 0 end
 if request_ms > 0 and redis.call('EXISTS', KEYS[9]) == 1 then
   local token_ms = tonumber(ARGV[6])
   if outcome == 'NOT_SENT' then
