@@ -13,6 +13,7 @@ near a limit it always reads afresh, so caps hold as tightly as concurrency allo
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 import uuid
@@ -102,6 +103,8 @@ class Acceptor:
         self._notifier = notifier
         self._settings = settings
         self._usage = UsageCache(settings.admission_cache_seconds)
+        # The counters read under way per tenant, which requests finding the cache stale share.
+        self._reading: dict[uuid.UUID, asyncio.Task[admission.Usage]] = {}
 
     async def accept(
         self, tenant: Tenant, key: str, request: CreateJob, *, within: Within | None = None
@@ -113,11 +116,46 @@ class Acceptor:
             plan = plan_job(
                 self._settings, tenant.id, key, request, request.document.size_bytes, request.document.sha256
             )
-            usage = self._usage.recent(tenant.id)
+            usage = await self._recent_usage(tenant.id)
             if usage is not None and self._comfortable(tenant, usage, plan.cost):
                 # Far from every limit: a replay of this key is caught by the write itself.
                 return await self._write(tenant, key, request, plan, usage, within)
         return await self._accept_after_reading(tenant, key, request, plan, within)
+
+    async def _recent_usage(self, tenant_id: uuid.UUID) -> admission.Usage | None:
+        """The tenant's admission counters as this worker read them at most the cache's lifetime
+        ago (with the jobs it accepted since); None when the cache is off.
+
+        When they are older, one read refreshes them and every request that finds them stale
+        meanwhile waits for that read instead of making its own: under load, each made the careful
+        path's read, one round trip more per job, for as long as the cache stayed stale.
+        """
+        usage = self._usage.recent(tenant_id)
+        if usage is not None or self._settings.admission_cache_seconds <= 0:
+            return usage
+        reading = self._reading.get(tenant_id)
+        if reading is None:
+            reading = asyncio.get_running_loop().create_task(self._read_usage(tenant_id))
+            self._reading[tenant_id] = reading
+            reading.add_done_callback(lambda _: self._reading.pop(tenant_id, None))
+        # Shielded: a request that goes away does not cancel the read others wait for.
+        read = await asyncio.shield(reading)
+        # Counting the jobs accepted since the read by requests that waited for it too.
+        return self._usage.recent(tenant_id) or read
+
+    async def _read_usage(self, tenant_id: uuid.UUID) -> admission.Usage:
+        async with self._pool.connection() as conn:
+            row = await (await conn.execute(Q["admission_counters"], {"tenant_id": tenant_id})).fetchone()
+        assert row is not None  # an aggregate query always returns one row
+        usage = admission.Usage(
+            pending_jobs=row["pending_jobs"],
+            pending_bytes=row["pending_bytes"],
+            pending_tokens=row["pending_tokens"],
+            tokens_today=row["tokens_today"],
+            system_pending_jobs=row["system_pending_jobs"],
+        )
+        self._usage.remember(tenant_id, usage)
+        return usage
 
     async def _accept_after_reading(
         self, tenant: Tenant, key: str, request: CreateJob, plan: Plan | None, within: Within | None

@@ -26,6 +26,21 @@ FROM (SELECT coalesce(sum(pending_jobs), 0)::bigint AS pending_jobs,
       FROM daily_token_usage
       WHERE tenant_id = %(tenant_id)s AND day = (now() AT TIME ZONE 'UTC')::date) d
 
+-- name: admission_counters
+-- The tenant's admission counters alone (as admission_snapshot reads them), for the fast path.
+SELECT t.pending_jobs, t.pending_bytes, t.pending_tokens,
+       s.pending_jobs AS system_pending_jobs,
+       d.tokens AS tokens_today
+FROM (SELECT coalesce(sum(pending_jobs), 0)::bigint AS pending_jobs,
+             coalesce(sum(pending_bytes), 0)::bigint AS pending_bytes,
+             coalesce(sum(pending_tokens), 0)::bigint AS pending_tokens
+      FROM admission_counters WHERE scope = %(tenant_id)s) t,
+     (SELECT coalesce(sum(pending_jobs), 0)::bigint AS pending_jobs
+      FROM admission_counters WHERE scope = '00000000-0000-0000-0000-000000000000') s,
+     (SELECT coalesce(sum(tokens), 0)::bigint AS tokens
+      FROM daily_token_usage
+      WHERE tenant_id = %(tenant_id)s AND day = (now() AT TIME ZONE 'UTC')::date) d
+
 -- name: insert_document
 INSERT INTO documents (tenant_id, id, version, sha256, size_bytes, filename, text)
 VALUES (%(tenant_id)s, %(document_id)s, 1, %(sha256)s, %(size_bytes)s, %(filename)s, %(text)s)
