@@ -191,9 +191,12 @@ class LimiterServicer(pb_grpc.LimiterServiceServicer):
             ops = [self._item_operation(item) for item in items]
             with ExitStack() as spans:
                 if tracing.enabled():
+                    # A span in each caller's trace; an item without one joins no other item's trace.
                     for item in items:
-                        name = f"LimiterService/{(item.WhichOneof('call') or 'none').capitalize()}"
                         incoming = tracing.valid(item.traceparent) if item.traceparent else None
+                        if incoming is None:
+                            continue
+                        name = f"LimiterService/{(item.WhichOneof('call') or 'none').capitalize()}"
                         kind = tracing.SpanKind.SERVER
                         spans.enter_context(tracing.span(name, incoming, {"batch": len(items)}, kind=kind))
                 results = await self._store.execute_all(ops)
