@@ -90,6 +90,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "window limiter has spent its minute)",
     )
     p.add_argument(
+        "--initial-backlog",
+        type=int,
+        default=0,
+        help="jobs accepted when the window opens, the rest of the backlog at twice the formula's "
+        "rate (default 0: the whole backlog at once); accepting, relaying and ingesting ~2,000 jobs "
+        "at once stalls every process of a 2-core machine for seconds, the simulated provider too",
+    )
+    p.add_argument(
         "--warm-up", type=float, default=10.0, help="seconds left out of the 5 s windows (default 10)"
     )
     p.add_argument(
@@ -178,6 +186,11 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--burst-seconds must be from 0 to 1")
     rate = args.rpm / 60 if args.rpm else args.concurrency / (args.latency_ms / 1000)
     backlog = int(rate * args.duration * 1.3) + 300
+    feeding = (
+        f" ({args.initial_backlog} at once, the rest at twice the formula's rate)"
+        if args.initial_backlog
+        else ""
+    )
     report.header(
         "quota",
         f"provider RPM {args.rpm}, TPM {args.tpm or 'unlimited'}, concurrency {args.concurrency}, latency "
@@ -187,10 +200,10 @@ def run(args: argparse.Namespace) -> int:
         f"{'default' if args.burst_seconds is None else f'{args.burst_seconds:g} s'}); "
         f"{args.workers} workers x {args.slots} slots; scheduler interval "
         f"{f'{args.scheduler_interval:g} s' if args.scheduler_interval else 'default'}; "
-        f"{args.duration:g} s measured each; backlog "
-        f"{backlog} jobs; an interactive job at {args.interactive_at:g} s",
+        f"{args.duration:g} s measured each; backlog {backlog} jobs{feeding}; an interactive job at "
+        f"{args.interactive_at:g} s",
     )
-    runs = {name: measure(args, name, backlog) for name in limiters}
+    runs = {name: measure(args, name, backlog, rate) for name in limiters}
     print_results(runs, args)
     fig = chart(runs, args)
     numbers = {
@@ -204,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure(args: argparse.Namespace, pacing: str, backlog: int) -> dict[str, Any]:
+def measure(args: argparse.Namespace, pacing: str, backlog: int, rate: float) -> dict[str, Any]:
     """One limiter on a stack of its own: the figures of its run, and its samples."""
     pool_tpm = args.tpm or 10**12  # the limiter needs a number; far above anything reachable
     with Stack(f"quota-{pacing}", args.database, limiter_deadline_ms=args.limiter_deadline_ms) as stack:
@@ -252,16 +265,26 @@ def measure(args: argparse.Namespace, pacing: str, backlog: int) -> dict[str, An
         sampler.start()
         interactive = None
         try:
-            stack.accept_jobs(tenant, backlog)
-            print(f"  {pacing}: accepted {backlog} jobs", flush=True)
-            if args.interactive_at < args.duration:
-                time.sleep(max(0.0, opened + args.interactive_at - time.monotonic()))
-                interactive = stack.accept_jobs(interactive_tenant, 1, priority="interactive", connections=1)[
-                    0
-                ]
-                print(
-                    f"  {pacing}: an interactive job arrives at {time.monotonic() - opened:.1f} s", flush=True
-                )
+            initial = min(backlog, args.initial_backlog or backlog)
+            stack.accept_jobs(tenant, initial)
+            print(f"  {pacing}: accepted {initial} jobs", flush=True)
+            accepted, chunk = initial, 50
+            while sampler.is_alive() and (
+                accepted < backlog or (interactive is None and args.interactive_at < args.duration)
+            ):
+                now = time.monotonic() - opened
+                if interactive is None and args.interactive_at < args.duration and now >= args.interactive_at:
+                    interactive = stack.accept_jobs(
+                        interactive_tenant, 1, priority="interactive", connections=1
+                    )[0]
+                    print(f"  {pacing}: an interactive job arrives at {now:.1f} s", flush=True)
+                # The rest of the backlog at twice the formula's rate, 50 jobs at a time.
+                if accepted < backlog and now >= (accepted - initial) / (2 * rate):
+                    n = min(chunk, backlog - accepted)
+                    stack.accept_jobs(tenant, n, connections=1)
+                    accepted += n
+                    continue
+                time.sleep(0.05)
             sampler.join()
         except KeyboardInterrupt:
             stop.set()
