@@ -13,7 +13,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from services.acceptance.kafka.queries import Q
-from services.common.api.tenancy import Tenant, TenantLimits
+from services.common.api.tenancy import Tenant, tenant_from_row
 
 
 class TenantCache:
@@ -28,26 +28,9 @@ class TenantCache:
             return entry[1]
         async with self._pool.connection() as conn:
             row = await (await conn.execute(Q["tenant"], {"tenant_id": tenant_id})).fetchone()
-        tenant = None if row is None else _tenant(row)
+        tenant = None if row is None else tenant_from_row(row)
         if self._ttl > 0:
             if len(self._entries) > 10_000:
                 self._entries.clear()
             self._entries[tenant_id] = (time.monotonic(), tenant)
         return tenant
-
-
-def _tenant(row: dict[str, Any]) -> Tenant:
-    return Tenant(
-        id=row["id"],
-        name=row["name"],
-        weight=row["weight"],
-        max_in_flight=row["max_in_flight"],
-        limits=TenantLimits(
-            max_pending_jobs=row["max_pending_jobs"],
-            max_pending_bytes=row["max_pending_bytes"],
-            max_pending_tokens=row["max_pending_tokens"],
-            daily_token_budget=row["daily_token_budget"],
-            max_stored_bytes=row["max_stored_bytes"],
-        ),
-        allowed_currencies=tuple(row["allowed_currencies"]),
-    )

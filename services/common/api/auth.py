@@ -19,7 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 from services.common.api import apikeys
 from services.common.api.apikeys import OPERATOR, REVIEWER, TENANT
 from services.common.api.errors import Forbidden, Unauthorized
-from services.common.api.tenancy import Tenant, TenantLimits
+from services.common.api.tenancy import Tenant, tenant_from_row
 from services.common.api.throttle import FailureThrottle
 from services.common.queries import load_queries
 
@@ -136,18 +136,5 @@ class Authenticator:
             return None
         tenant = None
         if row["id"] is not None:
-            tenant = Tenant(
-                id=row["id"],
-                name=row["name"],
-                weight=row["weight"],
-                max_in_flight=row["max_in_flight"],
-                limits=TenantLimits(
-                    max_pending_jobs=row["max_pending_jobs"],
-                    max_pending_bytes=row["max_pending_bytes"],
-                    max_pending_tokens=row["max_pending_tokens"],
-                    daily_token_budget=row["daily_token_budget"],
-                    max_stored_bytes=row["max_stored_bytes"],
-                ),
-                allowed_currencies=tuple(row["allowed_currencies"]),
-            )
+            tenant = tenant_from_row(row)
         return Principal(prefix=prefix, scope=row["scope"], label=row["label"], tenant=tenant)
