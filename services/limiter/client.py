@@ -431,7 +431,8 @@ class LimiterClient:
                     return
                 permit_id = self._orphans.popleft()
             try:
-                self.release(permit_id, Outcome.NOT_SENT)
+                # A caller that retried the same request_key may hold it now: it settles it.
+                self.release(permit_id, Outcome.NOT_SENT, unless_handed_again=True)
             except PermitNotFound:
                 pass  # the timed-out Acquire never reached Redis
             except LimiterError as exc:
@@ -456,17 +457,28 @@ class LimiterClient:
         return _ms(response.lease_expires_at)
 
     def release(
-        self, permit_id: str, outcome: Outcome, input_tokens: int = 0, output_tokens: int = 0
+        self,
+        permit_id: str,
+        outcome: Outcome,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        *,
+        unless_handed_again: bool = False,
     ) -> bool:
-        """Settle the permit; True if this call settled it, False if it already was. Emergency
-        permits are settled locally and never sent to the limiter."""
+        """Settle the permit; True if this call settled it, False if it already was (or, with
+        ``unless_handed_again``, if a retried Acquire handed it to a caller that settles it itself).
+        Emergency permits are settled locally and never sent to the limiter."""
         if is_emergency(permit_id):
             return self._emergency is not None and self._emergency.release(
                 permit_id, outcome, input_tokens + output_tokens
             )
         outcome_value = pb.Outcome.Value(f"OUTCOME_{outcome.value}")
         request = pb.ReleaseRequest(
-            permit_id=permit_id, outcome=outcome_value, input_tokens=input_tokens, output_tokens=output_tokens
+            permit_id=permit_id,
+            outcome=outcome_value,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            unless_handed_again=unless_handed_again,
         )
         try:
             response = self._exchange("Release", request, self._settle_deadline_s, traced=False)

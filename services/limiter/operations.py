@@ -49,7 +49,9 @@ class Operation(Generic[T]):
 
 @dataclass(frozen=True)
 class Released:
-    already_released: bool  # an earlier Release had settled the permit; nothing changed
+    # Nothing changed: an earlier Release had settled the permit, or (unless_handed_again) a
+    # retried Acquire handed it to a caller that settles it itself.
+    already_released: bool
 
 
 @dataclass(frozen=True)
@@ -244,7 +246,13 @@ class LimiterOps:
         )
 
     def release(
-        self, permit_id: str, outcome: Outcome, input_tokens: int, output_tokens: int
+        self,
+        permit_id: str,
+        outcome: Outcome,
+        input_tokens: int,
+        output_tokens: int,
+        *,
+        unless_handed_again: bool = False,
     ) -> Operation[Released]:
         pool, tenant, _ = parse_permit_id(permit_id)
         _tokens(input_tokens, "input_tokens", self.limits)
@@ -253,7 +261,7 @@ class LimiterOps:
         def interpret(reply: list[Any]) -> Released:
             if reply[0] == "released":
                 return Released(already_released=False)
-            if reply[0] == "already":
+            if reply[0] in ("already", "handed_again"):
                 return Released(already_released=True)
             if reply[0] == "not_found":
                 raise PermitNotFound(f"no permit {permit_id!r}")
@@ -283,6 +291,7 @@ class LimiterOps:
                 self.limits.permit_retention_ms,
                 repr(limits.request_interval_ms) if paced and limits else 0,
                 repr(limits.token_interval_ms) if paced and limits else 0,
+                "1" if unless_handed_again else "0",
             ],
             interpret,
         )

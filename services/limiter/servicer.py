@@ -149,7 +149,13 @@ class LimiterServicer(pb_grpc.LimiterServiceServicer):
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
         async def call() -> pb.ReleaseResponse:
             outcome = outcome_from_proto(request.outcome)
-            op = self._ops.release(request.permit_id, outcome, request.input_tokens, request.output_tokens)
+            op = self._ops.release(
+                request.permit_id,
+                outcome,
+                request.input_tokens,
+                request.output_tokens,
+                unless_handed_again=request.unless_handed_again,
+            )
             return _release_response(request, outcome, await self._store.execute(op))
 
         return await self._handle("Release", context, call)
@@ -218,7 +224,13 @@ class LimiterServicer(pb_grpc.LimiterServiceServicer):
             if kind == "release":
                 r = item.release
                 outcome = outcome_from_proto(r.outcome)
-                return self._ops.release(r.permit_id, outcome, r.input_tokens, r.output_tokens)
+                return self._ops.release(
+                    r.permit_id,
+                    outcome,
+                    r.input_tokens,
+                    r.output_tokens,
+                    unless_handed_again=r.unless_handed_again,
+                )
             raise InvalidArgument("a batch item must hold an acquire or a release")
         except LimiterError as exc:
             return exc

@@ -162,3 +162,39 @@ def test_an_acquire_that_timed_out_but_was_granted_is_given_back(
         fresh = client.acquire("p", "acme", 10, 10)
         assert isinstance(fresh, Grant)
         assert observer.pool_status("p").in_flight.used == 1  # only the fresh permit is held
+
+
+@pytest.mark.chaos
+def test_a_timed_out_acquire_does_not_give_back_a_permit_another_caller_retried_and_holds(
+    start_limiter: StartLimiter, private_redis: PrivateRedis
+) -> None:
+    """Given a client whose Acquire (request_key K) timed out while Redis stalled, and was granted
+    after its deadline
+    When another worker retries the same job with the same K and is handed that permit
+    Then the first client's clean-up leaves the permit alone: it stays held, counted in flight,
+    until the worker that holds it releases it."""
+    limiter = start_limiter(CONFIG, redis_url=private_redis.url)
+    with (
+        LimiterClient(limiter.address, deadline_ms=100) as first,
+        LimiterClient(limiter.address) as second,
+        limiter.client() as observer,
+    ):
+        assert private_redis.process is not None
+        private_redis.process.send_signal(signal.SIGSTOP)
+        try:
+            assert first.acquire("p", "acme", 10, 10, request_key="job-7/fence-3") == Denial(
+                DenyReason.UNAVAILABLE, 1_000
+            )
+        finally:
+            private_redis.process.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while observer.pool_status("p").in_flight.used != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        retried = second.acquire("p", "acme", 10, 10, request_key="job-7/fence-3")
+        assert isinstance(retried, Grant)
+
+        other = first.acquire("p", "acme", 10, 10)  # its next call settles what it gave up on
+        assert isinstance(other, Grant)
+        assert observer.pool_status("p").in_flight.used == 2  # the retried permit is still held
+        assert second.release(retried.permit_id, Outcome.COMPLETED, 5, 5)
+        assert observer.pool_status("p").in_flight.used == 1

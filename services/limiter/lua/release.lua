@@ -16,9 +16,11 @@
 -- ARGV[4] retention_ms: how long the settled record is kept, so a repeat is recognised
 -- ARGV[5] request interval (ms) of the pool's pace; 0: the pool is not paced
 -- ARGV[6] token interval (ms per token) of the pool's pace
+-- ARGV[7] '1': settle only if no retried Acquire handed the permit out again (acquire.lua marks
+--         it); the caller that gave up on its Acquire then leaves it to the one that retried
 --
 -- Returns {'released', pool_in_flight_after, now_ms} | {'already', first_outcome, now_ms}
---       | {'not_found', now_ms}
+--       | {'handed_again', now_ms} | {'not_found', now_ms}
 -- A lease that already expired is still settled: its tokens are corrected all the same.
 
 local t = redis.call('TIME')
@@ -32,6 +34,9 @@ end
 local rec = redis.call('HMGET', KEYS[1], 'state', 'outcome', 'tokens', 'day', 'budgeted', 'again')
 if rec[1] == 'released' then
   return {'already', rec[2], now}
+end
+if ARGV[7] == '1' and rec[6] == '1' then
+  return {'handed_again', now}
 end
 local reserved = tonumber(rec[3])
 

@@ -26,17 +26,17 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n6services/common/protos/fatura/limiter/v1/limiter.proto\x12\x11\x66\x61tura.limiter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x01\n\x0e\x41\x63quireRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x1e\n\x16\x65stimated_input_tokens\x18\x03 \x01(\x03\x12\x19\n\x11max_output_tokens\x18\x04 \x01(\x03\x12\x10\n\x08lease_ms\x18\x05 \x01(\x03\x12\x13\n\x0brequest_key\x18\x06 \x01(\t\"P\n\x05Grant\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"O\n\x06\x44\x65nial\x12-\n\x06reason\x18\x01 \x01(\x0e\x32\x1d.fatura.limiter.v1.DenyReason\x12\x16\n\x0eretry_after_ms\x18\x02 \x01(\x03\"u\n\x0f\x41\x63quireResponse\x12+\n\x07granted\x18\x01 \x01(\x0b\x32\x18.fatura.limiter.v1.GrantH\x00\x12+\n\x06\x64\x65nied\x18\x02 \x01(\x0b\x32\x19.fatura.limiter.v1.DenialH\x00\x42\x08\n\x06result\"3\n\x0cRenewRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\x03\"E\n\rRenewResponse\x12\x34\n\x10lease_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"}\n\x0eReleaseRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12+\n\x07outcome\x18\x02 \x01(\x0e\x32\x1a.fatura.limiter.v1.Outcome\x12\x14\n\x0cinput_tokens\x18\x03 \x01(\x03\x12\x15\n\routput_tokens\x18\x04 \x01(\x03\"+\n\x0fReleaseResponse\x12\x18\n\x10\x61lready_released\x18\x01 \x01(\x08\"=\n\x15ReportThrottleRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x02 \x01(\x03\"L\n\x16ReportThrottleResponse\x12\x32\n\x0e\x63ooldown_until\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"!\n\x11PoolStatusRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\":\n\tDimension\x12\r\n\x05limit\x18\x01 \x01(\x03\x12\x0c\n\x04used\x18\x02 \x01(\x03\x12\x10\n\x08headroom\x18\x03 \x01(\x03\"\xa9\x02\n\x12PoolStatusResponse\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x11\n\twindow_ms\x18\x02 \x01(\x03\x12.\n\x08requests\x18\x03 \x01(\x0b\x32\x1c.fatura.limiter.v1.Dimension\x12,\n\x06tokens\x18\x04 \x01(\x0b\x32\x1c.fatura.limiter.v1.Dimension\x12/\n\tin_flight\x18\x05 \x01(\x0b\x32\x1c.fatura.limiter.v1.Dimension\x12\x32\n\x0e\x63ooldown_until\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bobserved_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x17\n\x15ListPoolStatusRequest\"N\n\x16ListPoolStatusResponse\x12\x34\n\x05pools\x18\x01 \x03(\x0b\x32%.fatura.limiter.v1.PoolStatusResponse\"\x94\x01\n\tBatchItem\x12\x34\n\x07\x61\x63quire\x18\x01 \x01(\x0b\x32!.fatura.limiter.v1.AcquireRequestH\x00\x12\x34\n\x07release\x18\x02 \x01(\x0b\x32!.fatura.limiter.v1.ReleaseRequestH\x00\x12\x13\n\x0btraceparent\x18\x03 \x01(\tB\x06\n\x04\x63\x61ll\";\n\x0c\x42\x61tchRequest\x12+\n\x05items\x18\x01 \x03(\x0b\x32\x1c.fatura.limiter.v1.BatchItem\"*\n\tItemError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xb4\x01\n\x0b\x42\x61tchResult\x12\x35\n\x07\x61\x63quire\x18\x01 \x01(\x0b\x32\".fatura.limiter.v1.AcquireResponseH\x00\x12\x35\n\x07release\x18\x02 \x01(\x0b\x32\".fatura.limiter.v1.ReleaseResponseH\x00\x12-\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1c.fatura.limiter.v1.ItemErrorH\x00\x42\x08\n\x06result\"@\n\rBatchResponse\x12/\n\x07results\x18\x01 \x03(\x0b\x32\x1e.fatura.limiter.v1.BatchResult*\xe4\x01\n\nDenyReason\x12\x1b\n\x17\x44\x45NY_REASON_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44\x45NY_REASON_RPM\x10\x01\x12\x13\n\x0f\x44\x45NY_REASON_TPM\x10\x02\x12\x19\n\x15\x44\x45NY_REASON_IN_FLIGHT\x10\x03\x12 \n\x1c\x44\x45NY_REASON_TENANT_IN_FLIGHT\x10\x04\x12\x1d\n\x19\x44\x45NY_REASON_TENANT_BUDGET\x10\x05\x12\x18\n\x14\x44\x45NY_REASON_COOLDOWN\x10\x06\x12\x19\n\x15\x44\x45NY_REASON_KV_TOKENS\x10\x07*d\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x15\n\x11OUTCOME_COMPLETED\x10\x01\x12\x14\n\x10OUTCOME_NOT_SENT\x10\x02\x12\x13\n\x0fOUTCOME_UNKNOWN\x10\x03\x32\xf5\x04\n\x0eLimiterService\x12P\n\x07\x41\x63quire\x12!.fatura.limiter.v1.AcquireRequest\x1a\".fatura.limiter.v1.AcquireResponse\x12J\n\x05Renew\x12\x1f.fatura.limiter.v1.RenewRequest\x1a .fatura.limiter.v1.RenewResponse\x12P\n\x07Release\x12!.fatura.limiter.v1.ReleaseRequest\x1a\".fatura.limiter.v1.ReleaseResponse\x12\x65\n\x0eReportThrottle\x12(.fatura.limiter.v1.ReportThrottleRequest\x1a).fatura.limiter.v1.ReportThrottleResponse\x12Y\n\nPoolStatus\x12$.fatura.limiter.v1.PoolStatusRequest\x1a%.fatura.limiter.v1.PoolStatusResponse\x12\x65\n\x0eListPoolStatus\x12(.fatura.limiter.v1.ListPoolStatusRequest\x1a).fatura.limiter.v1.ListPoolStatusResponse\x12J\n\x05\x42\x61tch\x12\x1f.fatura.limiter.v1.BatchRequest\x1a .fatura.limiter.v1.BatchResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n6services/common/protos/fatura/limiter/v1/limiter.proto\x12\x11\x66\x61tura.limiter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x01\n\x0e\x41\x63quireRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x1e\n\x16\x65stimated_input_tokens\x18\x03 \x01(\x03\x12\x19\n\x11max_output_tokens\x18\x04 \x01(\x03\x12\x10\n\x08lease_ms\x18\x05 \x01(\x03\x12\x13\n\x0brequest_key\x18\x06 \x01(\t\"P\n\x05Grant\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"O\n\x06\x44\x65nial\x12-\n\x06reason\x18\x01 \x01(\x0e\x32\x1d.fatura.limiter.v1.DenyReason\x12\x16\n\x0eretry_after_ms\x18\x02 \x01(\x03\"u\n\x0f\x41\x63quireResponse\x12+\n\x07granted\x18\x01 \x01(\x0b\x32\x18.fatura.limiter.v1.GrantH\x00\x12+\n\x06\x64\x65nied\x18\x02 \x01(\x0b\x32\x19.fatura.limiter.v1.DenialH\x00\x42\x08\n\x06result\"3\n\x0cRenewRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\x03\"E\n\rRenewResponse\x12\x34\n\x10lease_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9a\x01\n\x0eReleaseRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12+\n\x07outcome\x18\x02 \x01(\x0e\x32\x1a.fatura.limiter.v1.Outcome\x12\x14\n\x0cinput_tokens\x18\x03 \x01(\x03\x12\x15\n\routput_tokens\x18\x04 \x01(\x03\x12\x1b\n\x13unless_handed_again\x18\x05 \x01(\x08\"+\n\x0fReleaseResponse\x12\x18\n\x10\x61lready_released\x18\x01 \x01(\x08\"=\n\x15ReportThrottleRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x02 \x01(\x03\"L\n\x16ReportThrottleResponse\x12\x32\n\x0e\x63ooldown_until\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"!\n\x11PoolStatusRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\":\n\tDimension\x12\r\n\x05limit\x18\x01 \x01(\x03\x12\x0c\n\x04used\x18\x02 \x01(\x03\x12\x10\n\x08headroom\x18\x03 \x01(\x03\"\xa9\x02\n\x12PoolStatusResponse\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x11\n\twindow_ms\x18\x02 \x01(\x03\x12.\n\x08requests\x18\x03 \x01(\x0b\x32\x1c.fatura.limiter.v1.Dimension\x12,\n\x06tokens\x18\x04 \x01(\x0b\x32\x1c.fatura.limiter.v1.Dimension\x12/\n\tin_flight\x18\x05 \x01(\x0b\x32\x1c.fatura.limiter.v1.Dimension\x12\x32\n\x0e\x63ooldown_until\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bobserved_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x17\n\x15ListPoolStatusRequest\"N\n\x16ListPoolStatusResponse\x12\x34\n\x05pools\x18\x01 \x03(\x0b\x32%.fatura.limiter.v1.PoolStatusResponse\"\x94\x01\n\tBatchItem\x12\x34\n\x07\x61\x63quire\x18\x01 \x01(\x0b\x32!.fatura.limiter.v1.AcquireRequestH\x00\x12\x34\n\x07release\x18\x02 \x01(\x0b\x32!.fatura.limiter.v1.ReleaseRequestH\x00\x12\x13\n\x0btraceparent\x18\x03 \x01(\tB\x06\n\x04\x63\x61ll\";\n\x0c\x42\x61tchRequest\x12+\n\x05items\x18\x01 \x03(\x0b\x32\x1c.fatura.limiter.v1.BatchItem\"*\n\tItemError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xb4\x01\n\x0b\x42\x61tchResult\x12\x35\n\x07\x61\x63quire\x18\x01 \x01(\x0b\x32\".fatura.limiter.v1.AcquireResponseH\x00\x12\x35\n\x07release\x18\x02 \x01(\x0b\x32\".fatura.limiter.v1.ReleaseResponseH\x00\x12-\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1c.fatura.limiter.v1.ItemErrorH\x00\x42\x08\n\x06result\"@\n\rBatchResponse\x12/\n\x07results\x18\x01 \x03(\x0b\x32\x1e.fatura.limiter.v1.BatchResult*\xe4\x01\n\nDenyReason\x12\x1b\n\x17\x44\x45NY_REASON_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44\x45NY_REASON_RPM\x10\x01\x12\x13\n\x0f\x44\x45NY_REASON_TPM\x10\x02\x12\x19\n\x15\x44\x45NY_REASON_IN_FLIGHT\x10\x03\x12 \n\x1c\x44\x45NY_REASON_TENANT_IN_FLIGHT\x10\x04\x12\x1d\n\x19\x44\x45NY_REASON_TENANT_BUDGET\x10\x05\x12\x18\n\x14\x44\x45NY_REASON_COOLDOWN\x10\x06\x12\x19\n\x15\x44\x45NY_REASON_KV_TOKENS\x10\x07*d\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x15\n\x11OUTCOME_COMPLETED\x10\x01\x12\x14\n\x10OUTCOME_NOT_SENT\x10\x02\x12\x13\n\x0fOUTCOME_UNKNOWN\x10\x03\x32\xf5\x04\n\x0eLimiterService\x12P\n\x07\x41\x63quire\x12!.fatura.limiter.v1.AcquireRequest\x1a\".fatura.limiter.v1.AcquireResponse\x12J\n\x05Renew\x12\x1f.fatura.limiter.v1.RenewRequest\x1a .fatura.limiter.v1.RenewResponse\x12P\n\x07Release\x12!.fatura.limiter.v1.ReleaseRequest\x1a\".fatura.limiter.v1.ReleaseResponse\x12\x65\n\x0eReportThrottle\x12(.fatura.limiter.v1.ReportThrottleRequest\x1a).fatura.limiter.v1.ReportThrottleResponse\x12Y\n\nPoolStatus\x12$.fatura.limiter.v1.PoolStatusRequest\x1a%.fatura.limiter.v1.PoolStatusResponse\x12\x65\n\x0eListPoolStatus\x12(.fatura.limiter.v1.ListPoolStatusRequest\x1a).fatura.limiter.v1.ListPoolStatusResponse\x12J\n\x05\x42\x61tch\x12\x1f.fatura.limiter.v1.BatchRequest\x1a .fatura.limiter.v1.BatchResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'services.common.protos.fatura.limiter.v1.limiter_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DENYREASON']._serialized_start=1982
-  _globals['_DENYREASON']._serialized_end=2210
-  _globals['_OUTCOME']._serialized_start=2212
-  _globals['_OUTCOME']._serialized_end=2312
+  _globals['_DENYREASON']._serialized_start=2012
+  _globals['_DENYREASON']._serialized_end=2240
+  _globals['_OUTCOME']._serialized_start=2242
+  _globals['_OUTCOME']._serialized_end=2342
   _globals['_ACQUIREREQUEST']._serialized_start=111
   _globals['_ACQUIREREQUEST']._serialized_end=255
   _globals['_GRANT']._serialized_start=257
@@ -49,34 +49,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RENEWREQUEST']._serialized_end=590
   _globals['_RENEWRESPONSE']._serialized_start=592
   _globals['_RENEWRESPONSE']._serialized_end=661
-  _globals['_RELEASEREQUEST']._serialized_start=663
-  _globals['_RELEASEREQUEST']._serialized_end=788
-  _globals['_RELEASERESPONSE']._serialized_start=790
-  _globals['_RELEASERESPONSE']._serialized_end=833
-  _globals['_REPORTTHROTTLEREQUEST']._serialized_start=835
-  _globals['_REPORTTHROTTLEREQUEST']._serialized_end=896
-  _globals['_REPORTTHROTTLERESPONSE']._serialized_start=898
-  _globals['_REPORTTHROTTLERESPONSE']._serialized_end=974
-  _globals['_POOLSTATUSREQUEST']._serialized_start=976
-  _globals['_POOLSTATUSREQUEST']._serialized_end=1009
-  _globals['_DIMENSION']._serialized_start=1011
-  _globals['_DIMENSION']._serialized_end=1069
-  _globals['_POOLSTATUSRESPONSE']._serialized_start=1072
-  _globals['_POOLSTATUSRESPONSE']._serialized_end=1369
-  _globals['_LISTPOOLSTATUSREQUEST']._serialized_start=1371
-  _globals['_LISTPOOLSTATUSREQUEST']._serialized_end=1394
-  _globals['_LISTPOOLSTATUSRESPONSE']._serialized_start=1396
-  _globals['_LISTPOOLSTATUSRESPONSE']._serialized_end=1474
-  _globals['_BATCHITEM']._serialized_start=1477
-  _globals['_BATCHITEM']._serialized_end=1625
-  _globals['_BATCHREQUEST']._serialized_start=1627
-  _globals['_BATCHREQUEST']._serialized_end=1686
-  _globals['_ITEMERROR']._serialized_start=1688
-  _globals['_ITEMERROR']._serialized_end=1730
-  _globals['_BATCHRESULT']._serialized_start=1733
-  _globals['_BATCHRESULT']._serialized_end=1913
-  _globals['_BATCHRESPONSE']._serialized_start=1915
-  _globals['_BATCHRESPONSE']._serialized_end=1979
-  _globals['_LIMITERSERVICE']._serialized_start=2315
-  _globals['_LIMITERSERVICE']._serialized_end=2944
+  _globals['_RELEASEREQUEST']._serialized_start=664
+  _globals['_RELEASEREQUEST']._serialized_end=818
+  _globals['_RELEASERESPONSE']._serialized_start=820
+  _globals['_RELEASERESPONSE']._serialized_end=863
+  _globals['_REPORTTHROTTLEREQUEST']._serialized_start=865
+  _globals['_REPORTTHROTTLEREQUEST']._serialized_end=926
+  _globals['_REPORTTHROTTLERESPONSE']._serialized_start=928
+  _globals['_REPORTTHROTTLERESPONSE']._serialized_end=1004
+  _globals['_POOLSTATUSREQUEST']._serialized_start=1006
+  _globals['_POOLSTATUSREQUEST']._serialized_end=1039
+  _globals['_DIMENSION']._serialized_start=1041
+  _globals['_DIMENSION']._serialized_end=1099
+  _globals['_POOLSTATUSRESPONSE']._serialized_start=1102
+  _globals['_POOLSTATUSRESPONSE']._serialized_end=1399
+  _globals['_LISTPOOLSTATUSREQUEST']._serialized_start=1401
+  _globals['_LISTPOOLSTATUSREQUEST']._serialized_end=1424
+  _globals['_LISTPOOLSTATUSRESPONSE']._serialized_start=1426
+  _globals['_LISTPOOLSTATUSRESPONSE']._serialized_end=1504
+  _globals['_BATCHITEM']._serialized_start=1507
+  _globals['_BATCHITEM']._serialized_end=1655
+  _globals['_BATCHREQUEST']._serialized_start=1657
+  _globals['_BATCHREQUEST']._serialized_end=1716
+  _globals['_ITEMERROR']._serialized_start=1718
+  _globals['_ITEMERROR']._serialized_end=1760
+  _globals['_BATCHRESULT']._serialized_start=1763
+  _globals['_BATCHRESULT']._serialized_end=1943
+  _globals['_BATCHRESPONSE']._serialized_start=1945
+  _globals['_BATCHRESPONSE']._serialized_end=2009
+  _globals['_LIMITERSERVICE']._serialized_start=2345
+  _globals['_LIMITERSERVICE']._serialized_end=2974
 # @@protoc_insertion_point(module_scope)

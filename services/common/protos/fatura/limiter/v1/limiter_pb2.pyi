@@ -242,10 +242,16 @@ class ReleaseRequest(_message.Message):
     OUTCOME_FIELD_NUMBER: _builtins.int
     INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    UNLESS_HANDED_AGAIN_FIELD_NUMBER: _builtins.int
     permit_id: _builtins.str
     outcome: Global___Outcome.ValueType
     input_tokens: _builtins.int
     output_tokens: _builtins.int
+    unless_handed_again: _builtins.bool
+    """Settle only if no retried Acquire handed this permit out again. A client giving back an
+    Acquire it gave up on (its deadline passed, the grant came later) sets it: when another caller
+    has retried the same request_key and holds the permit, that caller settles it, not this one.
+    """
     def __init__(
         self,
         *,
@@ -253,10 +259,11 @@ class ReleaseRequest(_message.Message):
         outcome: Global___Outcome.ValueType = ...,
         input_tokens: _builtins.int = ...,
         output_tokens: _builtins.int = ...,
+        unless_handed_again: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_tokens", b"input_tokens", "outcome", b"outcome", "output_tokens", b"output_tokens", "permit_id", b"permit_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_tokens", b"input_tokens", "outcome", b"outcome", "output_tokens", b"output_tokens", "permit_id", b"permit_id", "unless_handed_again", b"unless_handed_again"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -268,7 +275,9 @@ class ReleaseResponse(_message.Message):
 
     ALREADY_RELEASED_FIELD_NUMBER: _builtins.int
     already_released: _builtins.bool
-    """True when an earlier Release had already settled this permit (nothing changed this time)."""
+    """True when nothing changed this time: an earlier Release had already settled this permit, or
+    (unless_handed_again) a retried Acquire handed it to a caller that settles it itself.
+    """
     def __init__(
         self,
         *,
