@@ -7,8 +7,9 @@ work in a single round trip; its event rows carry the same :class:`JobChange` pa
 of work writes. Nothing else happens inside the request: no broker call, no model call.
 
 Admission reads counters that are exact at the moment of reading. A worker keeps what it last read
-for a fraction of a second and skips the read while a job fits comfortably within every limit;
-near a limit it always reads afresh, so caps hold as tightly as concurrency allows.
+for a fraction of a second and skips the read while a job fits comfortably within every limit (with
+room for hundreds more); otherwise it takes the tenant's admission lock, reads afresh, decides and
+writes in one transaction, so a cap holds exactly however many requests race for its last place.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ class UsageCache:
         if self._ttl > 0:
             self._entries[tenant_id] = (time.monotonic(), usage)
 
-    def charge(self, tenant_id: uuid.UUID, cost: admission.JobCost) -> None:
+    def charge(self, tenant_id: uuid.UUID, cost: admission.JobCost, jobs: int = 1) -> None:
+        """Count ``jobs`` more jobs of ``cost`` (-1 gives back a charge whose write did not happen)."""
         entry = self._entries.get(tenant_id)
         if entry is not None:
             u = entry[1]
@@ -86,11 +88,11 @@ class UsageCache:
                 entry[0],
                 replace(
                     u,
-                    pending_jobs=u.pending_jobs + 1,
-                    pending_bytes=u.pending_bytes + cost.bytes,
-                    pending_tokens=u.pending_tokens + cost.tokens,
-                    tokens_today=u.tokens_today + cost.tokens,
-                    system_pending_jobs=u.system_pending_jobs + 1,
+                    pending_jobs=u.pending_jobs + jobs,
+                    pending_bytes=u.pending_bytes + jobs * cost.bytes,
+                    pending_tokens=u.pending_tokens + jobs * cost.tokens,
+                    tokens_today=u.tokens_today + jobs * cost.tokens,
+                    system_pending_jobs=u.system_pending_jobs + jobs,
                 ),
             )
 
@@ -118,8 +120,18 @@ class Acceptor:
             )
             usage = await self._recent_usage(tenant.id)
             if usage is not None and self._comfortable(tenant, usage, plan.cost):
-                # Far from every limit: a replay of this key is caught by the write itself.
-                return await self._write(tenant, key, request, plan, usage, within)
+                # Far from every limit: a replay of this key is caught by the write itself. The job
+                # is charged to this worker's view before the write, so requests deciding while it
+                # is under way count it.
+                self._usage.charge(tenant.id, plan.cost)
+                try:
+                    accepted = await self._write(tenant, key, request, plan, usage, within)
+                except BaseException:
+                    self._usage.charge(tenant.id, plan.cost, jobs=-1)
+                    raise
+                if accepted.replay:
+                    self._usage.charge(tenant.id, plan.cost, jobs=-1)
+                return accepted
         return await self._accept_after_reading(tenant, key, request, plan, within)
 
     async def _recent_usage(self, tenant_id: uuid.UUID) -> admission.Usage | None:
@@ -160,58 +172,68 @@ class Acceptor:
     async def _accept_after_reading(
         self, tenant: Tenant, key: str, request: CreateJob, plan: Plan | None, within: Within | None
     ) -> Accepted:
-        """The careful path: read the key's job, the document and the counters, then decide."""
+        """The careful path: under the tenant's admission lock, read the key's job, the document and
+        the counters, decide, and write, in one transaction; so two requests near a limit cannot
+        both take its last place."""
         ref_id = None if isinstance(request.document, DocumentBody) else request.document.document_id
         ref_version = 1 if isinstance(request.document, DocumentBody) else request.document.version
         async with self._pool.connection() as conn:
-            snapshot = await (
-                await conn.execute(
-                    Q["admission_snapshot"],
-                    {
-                        "tenant_id": tenant.id,
-                        "idempotency_key": key,
-                        "document_id": ref_id,
-                        "document_version": ref_version,
-                    },
+            async with conn.transaction():
+                await conn.execute(Q["admission_lock"], {"tenant_id": tenant.id})
+                snapshot = await (
+                    await conn.execute(
+                        Q["admission_snapshot"],
+                        {
+                            "tenant_id": tenant.id,
+                            "idempotency_key": key,
+                            "document_id": ref_id,
+                            "document_version": ref_version,
+                        },
+                    )
+                ).fetchone()
+                assert snapshot is not None  # an aggregate query always returns one row
+                usage = admission.Usage(
+                    pending_jobs=snapshot["pending_jobs"],
+                    pending_bytes=snapshot["pending_bytes"],
+                    pending_tokens=snapshot["pending_tokens"],
+                    tokens_today=snapshot["tokens_today"],
+                    system_pending_jobs=snapshot["system_pending_jobs"],
                 )
-            ).fetchone()
-        assert snapshot is not None  # an aggregate query always returns one row
-        usage = admission.Usage(
-            pending_jobs=snapshot["pending_jobs"],
-            pending_bytes=snapshot["pending_bytes"],
-            pending_tokens=snapshot["pending_tokens"],
-            tokens_today=snapshot["tokens_today"],
-            system_pending_jobs=snapshot["system_pending_jobs"],
-        )
-        self._usage.remember(tenant.id, usage)
+                self._usage.remember(tenant.id, usage)
 
-        if plan is None:
-            stored = snapshot["document"]
-            if stored is None:
-                raise Unprocessable(
-                    f"there is no document {ref_id} version {ref_version} for this tenant",
-                    code="document_not_found",
+                if plan is None:
+                    stored = snapshot["document"]
+                    if stored is None:
+                        raise Unprocessable(
+                            f"there is no document {ref_id} version {ref_version} for this tenant",
+                            code="document_not_found",
+                        )
+                    plan = plan_job(
+                        self._settings,
+                        tenant.id,
+                        key,
+                        request,
+                        int(stored["size_bytes"]),
+                        str(stored["sha256"]),
+                    )
+                if snapshot["existing"] is not None:
+                    existing = snapshot["existing"]
+                    existing = {**existing, "id": uuid.UUID(existing["id"])}
+                    return self._replay(existing, plan.request_hash, self._estimated_seconds(usage))
+                rejection = admission.decide(
+                    tenant.limits,
+                    usage,
+                    plan.cost,
+                    max_system_backlog=self._settings.max_system_backlog,
+                    now=datetime.now(UTC),
+                    quota_retry_after=self._settings.admission_retry_after_seconds,
+                    backlog_retry_after=self._settings.backlog_retry_after_seconds,
                 )
-            plan = plan_job(
-                self._settings, tenant.id, key, request, int(stored["size_bytes"]), str(stored["sha256"])
-            )
-        if snapshot["existing"] is not None:
-            existing = snapshot["existing"]
-            existing = {**existing, "id": uuid.UUID(existing["id"])}
-            return self._replay(existing, plan.request_hash, self._estimated_seconds(usage))
-        rejection = admission.decide(
-            tenant.limits,
-            usage,
-            plan.cost,
-            max_system_backlog=self._settings.max_system_backlog,
-            now=datetime.now(UTC),
-            quota_retry_after=self._settings.admission_retry_after_seconds,
-            backlog_retry_after=self._settings.backlog_retry_after_seconds,
-        )
-        if rejection is not None:
-            metrics.ADMISSION_REJECTIONS.labels(rejection.limit).inc()
-            raise refusal(rejection)
-        return await self._write(tenant, key, request, plan, usage, within)
+                if rejection is not None:
+                    metrics.ADMISSION_REJECTIONS.labels(rejection.limit).inc()
+                    raise refusal(rejection)
+                row = await self._insert(conn, tenant, key, request, plan, within)
+            return await self._answer(conn, tenant, key, plan, usage, row, charge=True)
 
     def _comfortable(self, tenant: Tenant, usage: admission.Usage, cost: admission.JobCost) -> bool:
         return admission.comfortably_within(
@@ -227,31 +249,60 @@ class Acceptor:
         usage: admission.Usage,
         within: Within | None,
     ) -> Accepted:
-        params = write_params(self._settings, tenant.id, key, request, plan, new_id())
+        """The fast path's write: the job in one statement (with ``within``, one transaction)."""
         async with self._pool.connection() as conn:
             async with AsyncExitStack() as transaction:
                 if within is not None:  # one statement is its own transaction otherwise
                     await transaction.enter_async_context(conn.transaction())
-                row = await (await conn.execute(Q["accept_job"], params)).fetchone()
-                if row is not None and within is not None:
-                    await within(conn, row["id"])
-            if row is None:
-                # The key was taken first (now, or by an earlier request): answer as its replay.
-                existing = await (
-                    await conn.execute(Q["job_by_key"], {"tenant_id": tenant.id, "idempotency_key": key})
-                ).fetchone()
+                row = await self._insert(conn, tenant, key, request, plan, within)
+            return await self._answer(conn, tenant, key, plan, usage, row, charge=False)
+
+    async def _insert(
+        self,
+        conn: AsyncConnection[Any],
+        tenant: Tenant,
+        key: str,
+        request: CreateJob,
+        plan: Plan,
+        within: Within | None,
+    ) -> JSON | None:
+        """``accept_job``: the new job's row, or None when the key was taken first."""
+        params = write_params(self._settings, tenant.id, key, request, plan, new_id())
+        row = await (await conn.execute(Q["accept_job"], params)).fetchone()
+        if row is not None and within is not None:
+            await within(conn, row["id"])
+        return row
+
+    async def _answer(
+        self,
+        conn: AsyncConnection[Any],
+        tenant: Tenant,
+        key: str,
+        plan: Plan,
+        usage: admission.Usage,
+        row: JSON | None,
+        *,
+        charge: bool,
+    ) -> Accepted:
+        """The answer once the write has committed: the new job, or the replay of the job that
+        holds the key."""
         estimated = self._estimated_seconds(usage)
         if row is None:
+            # The key was taken first (now, or by an earlier request): answer as its replay.
+            existing = await (
+                await conn.execute(Q["job_by_key"], {"tenant_id": tenant.id, "idempotency_key": key})
+            ).fetchone()
             if existing is None:  # the other request rolled back after all; the client may retry
                 raise Conflict(
                     "a concurrent request with the same Idempotency-Key did not complete; retry",
                     code="idempotency_key_in_flight",
                 )
             return self._replay(existing, plan.request_hash, estimated)
-        self._usage.charge(tenant.id, plan.cost)
+        if charge:
+            self._usage.charge(tenant.id, plan.cost)
         if self._notifier is not None:
             self._notifier.poke()
-        metrics.JOBS_ACCEPTED.labels(request.priority).inc()
+        metrics.JOBS_ACCEPTED.labels(row["priority"]).inc()
         return Accepted(views.accepted_body(row, estimated_seconds=estimated, replay=False), replay=False)
 
     def _replay(self, existing: JSON, wanted_hash: str, estimated: int) -> Accepted:

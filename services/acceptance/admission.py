@@ -121,18 +121,37 @@ def decide(
     return None
 
 
+# How many more jobs like this one must still fit for a worker to decide on counters it read a
+# moment ago: more than the edge's workers can accept in the cache's lifetime (0.1 s by default).
+FAST_PATH_HEADROOM_JOBS = 256
+
+
 def comfortably_within(
-    limits: TenantLimits, usage: Usage, cost: JobCost, *, max_system_backlog: int, margin: float = 0.9
+    limits: TenantLimits,
+    usage: Usage,
+    cost: JobCost,
+    *,
+    max_system_backlog: int,
+    margin: float = 0.9,
+    headroom_jobs: int = FAST_PATH_HEADROOM_JOBS,
 ) -> bool:
-    """True when the job would leave every limit below ``margin`` of its maximum.
+    """True when the job would leave every limit below ``margin`` of its maximum, with room for
+    ``headroom_jobs`` more like it besides.
 
     Only then may a worker decide on counters it read a moment ago: whatever other workers
-    accepted since cannot plausibly close the remaining gap.
+    accepted since cannot plausibly close the remaining gap. A limit that is small next to the
+    headroom (a tenant allowed a few pending jobs) is always decided afresh, under the tenant's
+    admission lock, so it holds exactly.
     """
+    n = 1 + headroom_jobs
+
+    def fits(current: int, add: int, maximum: int) -> bool:
+        return current + add <= margin * maximum and current + add * n <= maximum
+
     return (
-        usage.system_pending_jobs + 1 <= margin * max_system_backlog
-        and usage.pending_jobs + 1 <= margin * limits.max_pending_jobs
-        and usage.pending_bytes + cost.bytes <= margin * limits.max_pending_bytes
-        and usage.pending_tokens + cost.tokens <= margin * limits.max_pending_tokens
-        and usage.tokens_today + cost.tokens <= margin * limits.daily_token_budget
+        fits(usage.system_pending_jobs, 1, max_system_backlog)
+        and fits(usage.pending_jobs, 1, limits.max_pending_jobs)
+        and fits(usage.pending_bytes, cost.bytes, limits.max_pending_bytes)
+        and fits(usage.pending_tokens, cost.tokens, limits.max_pending_tokens)
+        and fits(usage.tokens_today, cost.tokens, limits.daily_token_budget)
     )

@@ -6,8 +6,11 @@ Nothing accepted is ever dropped, and a refusal writes nothing.
 from __future__ import annotations
 
 import math
+import threading
 import uuid
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -54,6 +57,44 @@ def test_pending_jobs_cap_answers_429_and_keeps_every_accepted_job(
             "SELECT state FROM extraction_jobs WHERE tenant_id = %s", (tenant.id,)
         ).fetchall()
     assert [s["state"] for s in states] == ["READY"] * 3
+
+
+def test_requests_racing_for_a_tenants_last_places_never_take_more_than_its_cap(
+    edge: ServiceProcess, make_tenant: MakeTenant, pool: SyncPool
+) -> None:
+    # Given tenants with room for 3 pending jobs, one of them already taken
+    for _ in range(3):
+        tenant = make_tenant(max_pending_jobs=3)
+        with httpx.Client(base_url=str(edge.base_url), timeout=30.0) as c:
+            first = c.post(
+                "/v1/extraction-jobs", json=job_body(), headers={**tenant.headers, "Idempotency-Key": "first"}
+            )
+        assert first.status_code == 202, first.text
+        barrier = threading.Barrier(10)
+
+        def send(i: int) -> httpx.Response:
+            with httpx.Client(base_url=str(edge.base_url), timeout=30.0) as c:
+                barrier.wait()
+                return c.post(
+                    "/v1/extraction-jobs",
+                    json=job_body(),
+                    headers={**tenant.headers, "Idempotency-Key": f"race-{i}"},
+                )
+
+        # When ten requests arrive at once, across the edge's two workers
+        with ThreadPoolExecutor(max_workers=10) as threads:
+            replies = list(threads.map(send, range(10)))
+        # Then exactly the two free places are taken, and every other request is a 429 naming the cap
+        codes = Counter(r.status_code for r in replies)
+        assert codes == {202: 2, 429: 8}, [r.text for r in replies]
+        for reply in replies:
+            if reply.status_code == 429:
+                _assert_refused(reply, 429, "pending_jobs")
+        with pool.connection() as conn:
+            pending = conn.execute(
+                "SELECT count(*) AS n FROM extraction_jobs WHERE tenant_id = %s", (tenant.id,)
+            ).fetchone()
+        assert pending is not None and pending["n"] == 3
 
 
 def test_a_replay_of_an_accepted_job_is_answered_even_when_the_tenant_is_at_its_cap(

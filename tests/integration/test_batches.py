@@ -197,6 +197,28 @@ def test_a_batch_over_the_pending_cap_is_refused_whole_with_429_naming_the_limit
     assert _post(client, tenant, {"items": _items(6)}, "six").status_code == 202
 
 
+def test_batches_racing_for_a_tenants_last_places_are_admitted_one_at_a_time(
+    edge: ServiceProcess, make_tenant: MakeTenant, pool: SyncPool
+) -> None:
+    # Given a tenant with room for 10 pending jobs
+    tenant = make_tenant(max_pending_jobs=10)
+    barrier = threading.Barrier(6)
+
+    def send(i: int) -> httpx.Response:
+        with httpx.Client(base_url=str(edge.base_url), timeout=60.0) as c:
+            barrier.wait()
+            return _post(c, tenant, {"items": _items(4)}, f"four-{i}")
+
+    # When six batches of four arrive at once (24 items where 10 fit)
+    with ThreadPoolExecutor(max_workers=6) as threads:
+        replies = list(threads.map(send, range(6)))
+    # Then two batches are accepted whole and the others refused whole: never more than the cap
+    codes = Counter(r.status_code for r in replies)
+    assert codes == {202: 2, 429: 4}, [r.text for r in replies]
+    assert {r.json()["error"]["limit"] for r in replies if r.status_code == 429} == {"pending_jobs"}
+    assert count_rows(pool, tenant.id)["jobs"] == 8
+
+
 def test_items_by_document_id_count_their_stored_size_and_a_missing_document_is_422_naming_the_item(
     client: httpx.Client, tenant: TenantHandle, pool: SyncPool
 ) -> None:

@@ -88,7 +88,7 @@ def test_seconds_until_midnight_is_never_zero() -> None:
 
 def test_a_worker_may_skip_the_read_only_far_from_every_limit() -> None:
     far = _usage(pending_jobs=1, pending_bytes=1000, pending_tokens=10_000, system_pending_jobs=10)
-    assert comfortably_within(LIMITS, far, COST, max_system_backlog=1000)
+    assert comfortably_within(LIMITS, far, COST, max_system_backlog=1000, headroom_jobs=0)
     for near in (
         _usage(pending_jobs=9),
         _usage(pending_bytes=8001),
@@ -96,4 +96,17 @@ def test_a_worker_may_skip_the_read_only_far_from_every_limit() -> None:
         _usage(tokens_today=897_001),
         _usage(system_pending_jobs=900),
     ):
-        assert not comfortably_within(LIMITS, near, COST, max_system_backlog=1000), near
+        assert not comfortably_within(LIMITS, near, COST, max_system_backlog=1000, headroom_jobs=0), near
+
+
+def test_a_limit_with_no_room_for_the_headroom_is_always_decided_afresh() -> None:
+    # The job leaves every limit below 90%, with room for 2 more like it but not for 9
+    far = _usage(pending_jobs=1, pending_bytes=1000, pending_tokens=10_000, system_pending_jobs=10)
+    assert comfortably_within(LIMITS, far, COST, max_system_backlog=1000, headroom_jobs=2)
+    assert not comfortably_within(LIMITS, far, COST, max_system_backlog=1000, headroom_jobs=9)
+    # A tenant allowed a few pending jobs never takes the fast path with the default headroom
+    assert not comfortably_within(LIMITS, _usage(), COST, max_system_backlog=10**6)
+    roomy = TenantLimits(
+        max_pending_jobs=20_000, max_pending_bytes=10**9, max_pending_tokens=10**9, daily_token_budget=10**10
+    )
+    assert comfortably_within(roomy, _usage(), COST, max_system_backlog=10**6)

@@ -262,6 +262,24 @@ class BatchService:
                     )
                 ).fetchone()
                 created = inserted is not None
+                if created:
+                    # Decided again under the tenant's admission lock, on counters read now: two
+                    # batches (or a batch and single jobs) racing for a tenant's last places cannot
+                    # both take them. Items of later chunks count once their chunk commits.
+                    await conn.execute(ACCEPT_Q["admission_lock"], {"tenant_id": tenant.id})
+                    snapshot = await (
+                        await conn.execute(
+                            ACCEPT_Q["admission_snapshot"],
+                            {
+                                "tenant_id": tenant.id,
+                                "idempotency_key": None,
+                                "document_id": None,
+                                "document_version": 1,
+                            },
+                        )
+                    ).fetchone()
+                    assert snapshot is not None
+                    self._admit(tenant, snapshot, plans)
                 if not created:
                     # The same key came first (an earlier, interrupted request, or one racing this one).
                     existing = await (

@@ -1,5 +1,11 @@
 -- Queries of the acceptance edge. Parameters always go through placeholders.
 
+-- name: admission_lock
+-- The tenant's admission lock, held to the end of the transaction: a request deciding on fresh
+-- counters reads, decides and writes while no other such request of the tenant can (the two-key
+-- form, in a namespace of its own: 7001 is admission).
+SELECT pg_advisory_xact_lock(7001, hashtext(%(tenant_id)s::text))
+
 -- name: admission_snapshot
 -- One round trip: the job already holding this idempotency key (if any), the referenced document
 -- (if any), and the admission counters (at most 16 shard rows per scope).
