@@ -59,31 +59,32 @@ def test_pending_jobs_cap_answers_429_and_keeps_every_accepted_job(
     assert [s["state"] for s in states] == ["READY"] * 3
 
 
-def test_requests_racing_for_a_tenants_last_places_never_take_more_than_its_cap(
-    edge: ServiceProcess, make_tenant: MakeTenant, pool: SyncPool
-) -> None:
-    # Given tenants with room for 3 pending jobs, one of them already taken
-    for _ in range(3):
-        tenant = make_tenant(max_pending_jobs=3)
-        with httpx.Client(base_url=str(edge.base_url), timeout=30.0) as c:
-            first = c.post(
-                "/v1/extraction-jobs", json=job_body(), headers={**tenant.headers, "Idempotency-Key": "first"}
+def _race(base_url: str, tenant: TenantHandle, requests: int) -> list[httpx.Response]:
+    """``requests`` new jobs for ``tenant``, sent at the same moment from as many threads."""
+    barrier = threading.Barrier(requests)
+
+    def send(i: int) -> httpx.Response:
+        with httpx.Client(base_url=base_url, timeout=30.0) as c:
+            barrier.wait()
+            return c.post(
+                "/v1/extraction-jobs",
+                json=job_body(),
+                headers={**tenant.headers, "Idempotency-Key": f"race-{i}"},
             )
-        assert first.status_code == 202, first.text
-        barrier = threading.Barrier(10)
 
-        def send(i: int) -> httpx.Response:
-            with httpx.Client(base_url=str(edge.base_url), timeout=30.0) as c:
-                barrier.wait()
-                return c.post(
-                    "/v1/extraction-jobs",
-                    json=job_body(),
-                    headers={**tenant.headers, "Idempotency-Key": f"race-{i}"},
-                )
+    with ThreadPoolExecutor(max_workers=requests) as threads:
+        return list(threads.map(send, range(requests)))
 
+
+def test_requests_racing_for_a_tenants_last_places_never_take_more_than_its_cap(
+    edge: ServiceProcess, submit: SubmitFn, make_tenant: MakeTenant, pool: SyncPool
+) -> None:
+    for _ in range(3):
+        # Given a tenant with room for 3 pending jobs, one of them already taken
+        tenant = make_tenant(max_pending_jobs=3)
+        assert submit(tenant).status_code == 202
         # When ten requests arrive at once, across the edge's two workers
-        with ThreadPoolExecutor(max_workers=10) as threads:
-            replies = list(threads.map(send, range(10)))
+        replies = _race(str(edge.base_url), tenant, 10)
         # Then exactly the two free places are taken, and every other request is a 429 naming the cap
         codes = Counter(r.status_code for r in replies)
         assert codes == {202: 2, 429: 8}, [r.text for r in replies]
