@@ -374,6 +374,18 @@ def test_a_bad_message_is_dead_lettered_with_its_reason_and_changes_nothing(
     assert worker.alive()
 
 
+def _park_other_deliveries(pool: SyncPool, tenant_id: uuid.UUID) -> None:
+    """Put every other tenant's unfinished delivery an hour away."""
+    with pool.connection() as conn:
+        conn.execute(
+            """UPDATE deliveries
+               SET next_attempt_at = now() + interval '1 hour',
+                   lease_until = CASE WHEN state = 'delivering' THEN now() + interval '1 hour' END
+               WHERE tenant_id <> %s AND state IN ('pending', 'delivering')""",
+            (tenant_id,),
+        )
+
+
 def test_a_worker_killed_after_the_post_makes_the_erp_receive_twice_and_apply_once(
     worker: ServiceProcess,
     start_worker: StartProcess,
@@ -381,12 +393,16 @@ def test_a_worker_killed_after_the_post_makes_the_erp_receive_twice_and_apply_on
     register: RegisterFn,
     jobs: Jobs,
     dclient: httpx.Client,
+    pool: SyncPool,
 ) -> None:
     # Given the only delivery worker dies right after a webhook POST, before recording it (this test
-    # runs last in the module: it replaces the module's worker)
+    # runs last in the module: it replaces the module's worker), and no other delivery falls due
+    # while it lives: earlier tests leave retries to receivers that are gone, and the doomed worker
+    # must make its one POST to this test's ERP
     endpoint = register(erp.webhook_url)
     job_id = jobs.submit(endpoint.tenant)
     worker.stop()
+    _park_other_deliveries(pool, endpoint.tenant.id)
     doomed = start_worker(FATURA_FAULTS="crash_after_webhook_post")
     jobs.complete(endpoint.tenant, job_id)
     doomed.wait_exit(timeout=30)
