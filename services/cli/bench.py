@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 from typing import Any
 
 from services.cli.extras import require
@@ -51,4 +52,11 @@ def _run(args: argparse.Namespace) -> int:
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"fatura bench {args.benchmark}", description=text)
     module.add_arguments(parser)
+    # Stopped by SIGTERM (kill, timeout), a benchmark unwinds as on Ctrl-C: its stack stops the
+    # processes it started and deletes its queues and keys, instead of leaving them running.
+    signal.signal(signal.SIGTERM, _interrupt)
     return int(module.run(parser.parse_args(args.options)) or 0)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
