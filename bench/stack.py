@@ -58,7 +58,7 @@ def add_stack_arguments(p: argparse.ArgumentParser, database: str) -> None:
         "--limiter-deadline-ms",
         type=int,
         default=0,
-        help="FATURA_LIMITER_DEADLINE_MS of the workers (default: the service's own, 50 ms)",
+        help="FATURA_LIMITER_DEADLINE_MS of the workers (default: the service's own, 250 ms)",
     )
 
 

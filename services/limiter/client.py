@@ -251,7 +251,7 @@ class LimiterClient:
         self,
         address: str,
         *,
-        deadline_ms: int = 50,
+        deadline_ms: int = LimiterSettings.deadline_ms,
         settle_deadline_ms: int = 1_000,
         emergency: EmergencyQuota | None = None,
         default_lease_ms: int = 60_000,

@@ -58,7 +58,9 @@ class LimiterSettings:
     permit_retention_ms: int = 3_600_000  # how long a permit record outlives its lease
     # Client
     address: str = "127.0.0.1:50052"
-    deadline_ms: int = 50
+    # An Acquire that misses it is a denial that defers the job: at 50 ms, a loaded machine's
+    # ordinary latency turned into more deferrals than jobs (docs/benchmarks.md, pipeline).
+    deadline_ms: int = 250
     # Release, Renew and ReportThrottle settle what is already held: a missed deadline there keeps a
     # permit (and a pool slot) until its lease ends, so they may wait longer than an Acquire.
     settle_deadline_ms: int = 1_000

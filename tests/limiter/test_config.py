@@ -92,7 +92,7 @@ def test_settings_fail_fast_naming_the_variable_and_resolve_the_config_path() ->
     )
     assert settings.config_path == DEFAULT_CONFIG  # relative to the repository root
     assert settings.address == "127.0.0.1:6000"
-    assert settings.deadline_ms == 50 and settings.emergency_share == 0.0
+    assert settings.deadline_ms == 250 and settings.emergency_share == 0.0
     for env, name in [
         ({"FATURA_LIMITER_EMERGENCY_SHARE": "1.5"}, "FATURA_LIMITER_EMERGENCY_SHARE"),
         ({"FATURA_LIMITER_DEADLINE_MS": "soon"}, "FATURA_LIMITER_DEADLINE_MS"),
