@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 # Denials that say the pool itself is full, not one tenant: no other job could be started now.
 POOL_WIDE = frozenset({DenyReason.RPM, DenyReason.TPM, DenyReason.IN_FLIGHT, DenyReason.COOLDOWN})
 T = TypeVar("T")
+# A pool that reopens within this many seconds wakes the worker itself (see _wake_when_open).
+REWAKE_MAX_SECONDS = 5.0
 
 
 @dataclass
@@ -93,6 +95,10 @@ class Executor:
         self._owned_lock = threading.Lock()
         self._stopping = threading.Event()
         self._pool_closed_until = 0.0  # monotonic; a float store is atomic under the GIL
+        # One timer that wakes this worker when a pool that turned it away reopens.
+        self._rewake_lock = threading.Lock()
+        self._rewake: threading.Timer | None = None
+        self._rewake_at = 0.0
         self._heartbeat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
         self._heartbeat.start()
 
@@ -118,6 +124,9 @@ class Executor:
 
     def stop(self) -> None:
         self._stopping.set()
+        with self._rewake_lock:
+            if self._rewake is not None:
+                self._rewake.cancel()
         self._threads.shutdown(wait=True, cancel_futures=True)
         self._nudge.close()
 
@@ -133,6 +142,7 @@ class Executor:
                     metrics.CLAIMS.labels("deferred").inc()
                     if claimed.reason in POOL_WIDE:
                         self._pool_closed_until = time.monotonic() + claimed.retry_after_ms / 1000
+                        self._wake_when_open(claimed.retry_after_ms / 1000)
                     return
                 if isinstance(claimed, Refused):
                     metrics.CLAIMS.labels("refused").inc()
@@ -150,6 +160,32 @@ class Executor:
             log.exception("execution slot failed")
         finally:
             self._slots.release()
+
+    def _wake_when_open(self, seconds: float) -> None:
+        """Wake this worker once the pool that turned a claim away reopens, when that is soon.
+
+        The deferred job is due again then; waiting for the scheduler's next top-up instead left a
+        paced pool idle for most of each interval (one request every 60/RPM s, no burst: 44% of
+        the rate). One timer per worker, moved earlier when a sooner reopening is heard; a later
+        one is left to the timer already set, and a long cooldown to the scheduler.
+        """
+        if seconds > REWAKE_MAX_SECONDS or self._stopping.is_set():
+            return
+        at = time.monotonic() + seconds
+        with self._rewake_lock:
+            if self._rewake is not None and self._rewake.is_alive():
+                if self._rewake_at <= at:
+                    return
+                self._rewake.cancel()
+            # A hair after the reopening, so the wake-up does not meet the pool still closed.
+            timer = threading.Timer(seconds + 0.002, self._rewoken)
+            timer.daemon = True
+            self._rewake, self._rewake_at = timer, at
+            timer.start()
+
+    def _rewoken(self) -> None:
+        metrics.CLAIMS.labels("rewoken").inc()
+        self.wake()
 
     def _acquire(self, tenant_id: uuid.UUID, estimated_tokens: int, key: str) -> Grant | Denial:
         def ask(key: str) -> Grant | Denial:
