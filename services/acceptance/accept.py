@@ -159,13 +159,7 @@ class Acceptor:
         async with self._pool.connection() as conn:
             row = await (await conn.execute(Q["admission_counters"], {"tenant_id": tenant_id})).fetchone()
         assert row is not None  # an aggregate query always returns one row
-        usage = admission.Usage(
-            pending_jobs=row["pending_jobs"],
-            pending_bytes=row["pending_bytes"],
-            pending_tokens=row["pending_tokens"],
-            tokens_today=row["tokens_today"],
-            system_pending_jobs=row["system_pending_jobs"],
-        )
+        usage = admission.Usage.of(row)
         self._usage.remember(tenant_id, usage)
         return usage
 
@@ -179,26 +173,10 @@ class Acceptor:
         ref_version = 1 if isinstance(request.document, DocumentBody) else request.document.version
         async with self._pool.connection() as conn:
             async with conn.transaction():
-                await conn.execute(Q["admission_lock"], {"tenant_id": tenant.id})
-                snapshot = await (
-                    await conn.execute(
-                        Q["admission_snapshot"],
-                        {
-                            "tenant_id": tenant.id,
-                            "idempotency_key": key,
-                            "document_id": ref_id,
-                            "document_version": ref_version,
-                        },
-                    )
-                ).fetchone()
-                assert snapshot is not None  # an aggregate query always returns one row
-                usage = admission.Usage(
-                    pending_jobs=snapshot["pending_jobs"],
-                    pending_bytes=snapshot["pending_bytes"],
-                    pending_tokens=snapshot["pending_tokens"],
-                    tokens_today=snapshot["tokens_today"],
-                    system_pending_jobs=snapshot["system_pending_jobs"],
+                snapshot = await locked_snapshot(
+                    conn, tenant.id, key=key, document_id=ref_id, document_version=ref_version
                 )
+                usage = admission.Usage.of(snapshot)
                 self._usage.remember(tenant.id, usage)
 
                 if plan is None:
@@ -319,6 +297,32 @@ class Acceptor:
 
     def _estimated_seconds(self, usage: admission.Usage) -> int:
         return math.ceil(20 + usage.pending_jobs / self._settings.expected_jobs_per_second)
+
+
+async def locked_snapshot(
+    conn: AsyncConnection[Any],
+    tenant_id: uuid.UUID,
+    *,
+    key: str | None = None,
+    document_id: uuid.UUID | None = None,
+    document_version: int = 1,
+) -> JSON:
+    """Take the tenant's admission lock (to the end of ``conn``'s transaction) and read
+    ``admission_snapshot``: what a decision on fresh counters needs."""
+    await conn.execute(Q["admission_lock"], {"tenant_id": tenant_id})
+    snapshot = await (
+        await conn.execute(
+            Q["admission_snapshot"],
+            {
+                "tenant_id": tenant_id,
+                "idempotency_key": key,
+                "document_id": document_id,
+                "document_version": document_version,
+            },
+        )
+    ).fetchone()
+    assert snapshot is not None  # an aggregate query always returns one row
+    return dict(snapshot)
 
 
 def plan_job(

@@ -8,8 +8,10 @@ affected: this runs only for new work.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from services.common.api.tenancy import TenantLimits
 
@@ -21,6 +23,17 @@ class Usage:
     pending_tokens: int
     tokens_today: int
     system_pending_jobs: int
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> Usage:
+        """The counters of a row of ``admission_snapshot`` or ``admission_counters``."""
+        return cls(
+            pending_jobs=row["pending_jobs"],
+            pending_bytes=row["pending_bytes"],
+            pending_tokens=row["pending_tokens"],
+            tokens_today=row["tokens_today"],
+            system_pending_jobs=row["system_pending_jobs"],
+        )
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from services.acceptance import admission, metrics
-from services.acceptance.accept import Plan, plan_job, refusal, write_params
+from services.acceptance.accept import Plan, locked_snapshot, plan_job, refusal, write_params
 from services.acceptance.batches import views
 from services.acceptance.batches.requests import CreateBatch, item_keys
 from services.acceptance.queries import Q as ACCEPT_Q
@@ -201,13 +201,7 @@ class BatchService:
 
     def _admit(self, tenant: Tenant, snapshot: JSON, plans: list[Plan]) -> None:
         """The single job's admission decision, for the whole batch at once."""
-        usage = admission.Usage(
-            pending_jobs=snapshot["pending_jobs"],
-            pending_bytes=snapshot["pending_bytes"],
-            pending_tokens=snapshot["pending_tokens"],
-            tokens_today=snapshot["tokens_today"],
-            system_pending_jobs=snapshot["system_pending_jobs"],
-        )
+        usage = admission.Usage.of(snapshot)
         cost = admission.JobCost(
             bytes=sum(p.cost.bytes for p in plans), tokens=sum(p.cost.tokens for p in plans)
         )
@@ -266,19 +260,7 @@ class BatchService:
                     # Decided again under the tenant's admission lock, on counters read now: two
                     # batches (or a batch and single jobs) racing for a tenant's last places cannot
                     # both take them. Items of later chunks count once their chunk commits.
-                    await conn.execute(ACCEPT_Q["admission_lock"], {"tenant_id": tenant.id})
-                    snapshot = await (
-                        await conn.execute(
-                            ACCEPT_Q["admission_snapshot"],
-                            {
-                                "tenant_id": tenant.id,
-                                "idempotency_key": None,
-                                "document_id": None,
-                                "document_version": 1,
-                            },
-                        )
-                    ).fetchone()
-                    assert snapshot is not None
+                    snapshot = await locked_snapshot(conn, tenant.id)
                     self._admit(tenant, snapshot, plans)
                 if not created:
                     # The same key came first (an earlier, interrupted request, or one racing this one).
