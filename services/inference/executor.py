@@ -173,7 +173,10 @@ class Executor:
             return
         at = time.monotonic() + seconds
         with self._rewake_lock:
-            if self._rewake is not None and self._rewake.is_alive():
+            # A timer already past its moment (its thread may still be waiting in wake() for a
+            # slot) is not waiting for this reopening: set a new one beside it.
+            pending = self._rewake is not None and self._rewake_at > time.monotonic()
+            if pending and self._rewake is not None:
                 if self._rewake_at <= at:
                     return
                 self._rewake.cancel()
