@@ -336,7 +336,7 @@ def test_unacknowledged_lists_what_was_received_past_the_window_and_not_what_was
         "unacknowledged=0",
         "unacknowledged=1&job_id=01a22b15-3596-715b-805f-e7647f49c5a8",
         "unacknowledged=1&cursor=nope",
-        f"unacknowledged=1&cursor={uuid.uuid4()}",
+        "unacknowledged=1&cursor=5f0c2a4e-8d1b-4c3e-9a7f-2b6d1e0c9a84",  # a UUID, but no cursor
         "unacknowledged=1&limit=0",
         "unacknowledged=1&limit=1001",
         "job_id=01a22b15-3596-715b-805f-e7647f49c5a8&limit=5",

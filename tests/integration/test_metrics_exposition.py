@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -68,6 +69,13 @@ def scraped(pipeline_factory: StartPipeline) -> Iterator[dict[str, str]]:
         response = httpx.get(url, timeout=10)
         assert response.status_code == 200, (name, response.text)
         pages[name] = response.text
+    # The scheduler measures the backlog once a pass (every 0.2 s here): a page read right after the
+    # jobs finished may still show the pass before. Read it again until a pass after them, or 10 s.
+    deadline = time.monotonic() + 10
+    eligible = "fatura_scheduler_eligible_jobs"
+    while _value(pages["inference-scheduler"], eligible) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        pages["inference-scheduler"] = httpx.get(urls["inference-scheduler"], timeout=10).text
     yield pages
 
 
