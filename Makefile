@@ -27,8 +27,11 @@ lock: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/fatura demo
 
+# Two pytest processes, each with its own database, queue prefix and processes; a file's tests stay in
+# one process (--dist loadfile), so a module's stack starts once. PYTEST_WORKERS=0 runs them in one.
+PYTEST_WORKERS ?= 2
 test: $(STAMP) lint browser promtool
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 # The reviewer page's test (tests/browser) drives Debian's Chromium: installed here when missing. Where
 # apt-get cannot (not root, no network), the browser test skips and says so.

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from services.common.keyring import DEVELOPMENT_KEY
 
 # Webhook secrets are sealed at rest: the processes tests start use the development key, like
@@ -15,3 +17,18 @@ from services.common.keyring import DEVELOPMENT_KEY
 os.environ.setdefault("FATURA_SECRETS_KEY", DEVELOPMENT_KEY)
 
 pytest_plugins = ["fix_db", "fix_processes", "fix_amqp", "fix_api", "fix_pipeline"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give each schemathesis operation its own node id.
+
+    pytest 9.2 builds a test's node id from its ``originalname`` and parameters, and schemathesis
+    4.32 gives every operation's test the bare function name there: the operations of
+    tests/integration/test_openapi_contract.py would all share one id. pytest-xdist hands out tests
+    by id, so it would run one of them; with the operation as the id's parameter it runs each.
+    """
+    for item in items:
+        label = getattr(item, "operation_label", None)
+        node_id = getattr(item, "_id", None)
+        if label and node_id is not None and node_id.params is None:
+            item._id = node_id.with_params(label)
