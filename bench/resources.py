@@ -31,6 +31,18 @@ def bench_database(name: str) -> str:
             "FATURA_DATABASE_URL's"
         )
     with psycopg.connect(make_conninfo(base, dbname="postgres"), autocommit=True) as conn:
+        # Another run of the same bench would lose its database mid-run (WITH (FORCE) ends its
+        # connections): refuse instead, and say how to run beside it.
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (name,),
+        ).fetchone()
+        if row is not None and row[0]:
+            raise SystemExit(
+                f"database {name!r} has {row[0]} open connection(s): another run of this bench is using "
+                "it (or its processes outlived it). Wait for it, or give this run its own: --database "
+                f"{name}_2"
+            )
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
     url = make_conninfo(base, dbname=name)
     migrate(url)  # creates it
