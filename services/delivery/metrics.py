@@ -20,6 +20,10 @@ POST_SECONDS = Histogram(
 )
 LEASES_EXPIRED = Counter("fatura_delivery_leases_expired_total", "Claims of dead senders taken back")
 WAKEUPS = Counter("fatura_delivery_wakeups_total", "Wake-ups sent by the scheduler")
+BATCH_CUT = Counter(
+    "fatura_delivery_batch_given_back_total",
+    "Claimed deliveries a batch gave back unsent because its send window closed (a slow receiver)",
+)
 WAKEUPS_DROPPED = Counter(
     "fatura_delivery_wakeups_dropped_total",
     "Wake-ups dropped without a query: their delivery was already sent in another one's batch",

@@ -24,7 +24,7 @@ class DeliverySettings:
     limits: SendLimits = field(default_factory=SendLimits)
     worker_threads: int = 8
     # Due deliveries of one endpoint one wake-up may claim and send one after another.
-    batch_size: int = 4
+    batch_size: int = 16
     worker_metrics_port: int = 9185
     scheduler_metrics_port: int = 9186
     scheduler_interval_seconds: float = 1.0
@@ -78,7 +78,7 @@ class DeliverySettings:
             lease_seconds=lease,
             limits=limits,
             worker_threads=env_int(env, "FATURA_DELIVERY_WORKER_THREADS", 8, lo=1, hi=256),
-            batch_size=env_int(env, "FATURA_DELIVERY_BATCH_SIZE", 4, lo=1, hi=64),
+            batch_size=env_int(env, "FATURA_DELIVERY_BATCH_SIZE", 16, lo=1, hi=64),
             worker_metrics_port=env_int(env, "FATURA_DELIVERY_WORKER_METRICS_PORT", 9185, lo=0, hi=65535),
             scheduler_metrics_port=env_int(
                 env, "FATURA_DELIVERY_SCHEDULER_METRICS_PORT", 9186, lo=0, hi=65535

@@ -159,10 +159,20 @@ def claim(pool: ConnectionPool[Any], delivery_id: uuid.UUID, settings: DeliveryS
     return claims[0] if claims else None
 
 
+# A batch starts its POSTs within this many total timeouts of its claim; what it has not started by
+# then is given back. The lease therefore stays the same for a batch of 4 or of 64.
+BATCH_WINDOW_TIMEOUTS = 3
+
+
+def batch_send_window(settings: DeliverySettings, size: int) -> float:
+    """Seconds after the claim within which a batch of ``size`` may start a POST (0 for one)."""
+    return min(size - 1, BATCH_WINDOW_TIMEOUTS) * settings.limits.total_timeout
+
+
 def batch_lease_seconds(settings: DeliverySettings, size: int) -> float:
-    """The lease of a batch of ``size``: sent one after another, the last POST may start
-    ``size - 1`` total timeouts after the claim and must still be recorded within its lease."""
-    return settings.lease_seconds + (size - 1) * settings.limits.total_timeout
+    """The lease of a batch of ``size``: its last POST starts within the send window and must still
+    be recorded within the lease, so a dead sender's batch is due again after at most this long."""
+    return settings.lease_seconds + batch_send_window(settings, size)
 
 
 def claim_batch(

@@ -145,7 +145,8 @@ class DeliveryWorker:
         """Attempt the delivery if it is due and its endpoint can take it, with up to
         ``batch_size - 1`` others due to the same endpoint; True when one was attempted.
 
-        The batch is sent one delivery after another over the endpoint's kept-alive connection.
+        The batch is sent one delivery after another over the endpoint's kept-alive connection,
+        each started within the batch's send window (what is left when it closes is given back).
         Attempts that leave the endpoint healthy are recorded together at the end, each under its
         own fence; the first one that does not get through is recorded at once and the rest of the
         batch is given back unsent (due again, no attempt spent).
@@ -159,11 +160,19 @@ class DeliveryWorker:
             return False
         lease = store.batch_lease_seconds(s, len(claims))
         # Each claim's lease started at the claim; recording must end before it does.
-        lease_end = time.monotonic() + lease - 1.0
+        claimed = time.monotonic()
+        lease_end = claimed + lease - 1.0
+        send_until = claimed + store.batch_send_window(s, len(claims))
         self.taken.add([c.delivery_id for c in claims if c.delivery_id != delivery_id], lease)
         done: list[tuple[store.Claim, AttemptResult, Decision]] = []
         try:
             for i, claim in enumerate(claims):
+                if i and time.monotonic() > send_until:
+                    # The receiver is slow: the rest would outlive the lease. Given back, due now.
+                    self.taken.discard([c.delivery_id for c in claims[i:]])
+                    store.release_unsent(self.pool, claims[i:])
+                    metrics.BATCH_CUT.inc(len(claims) - i)
+                    break
                 result, decision = self._attempt(claim)
                 if store.touches_endpoint(claim, decision):
                     self._record(lease_end, claim, result, decision)

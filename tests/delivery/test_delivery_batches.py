@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -18,7 +19,7 @@ from services.common.broker import QuorumRabbitmqBroker
 from services.delivery import outcomes, payload, signing, store
 from services.delivery.egress import EgressGuard, parse_allow
 from services.delivery.outcomes import AttemptResult
-from services.delivery.sender import Sender
+from services.delivery.sender import Sender, SendLimits
 from services.delivery.settings import DeliverySettings
 from services.delivery.worker import DeliveryWorker, TakenInBatches
 
@@ -233,3 +234,52 @@ def test_a_dirty_endpoint_is_sent_one_delivery_at_a_time(
         conn.execute("UPDATE webhook_endpoints SET consecutive_failures = 2 WHERE id = %s", (endpoint_id,))
     ids = [d for d, _ in _deliveries(pool, tenant_id, endpoint_id, 3)]
     assert [c.delivery_id for c in store.claim_batch(pool, ids[0], SETTINGS, limit=4)] == ids[:1]
+
+
+class _SlowSender(Sender):
+    """The real sender, on a path that takes ``delay`` seconds before each POST (a slow receiver)."""
+
+    def __init__(self, settings: DeliverySettings, delay: float) -> None:
+        super().__init__(EgressGuard(settings.egress_allow), settings.limits)
+        self.delay = delay
+
+    def post(self, url: str, headers: dict[str, str], body: bytes) -> AttemptResult:
+        time.sleep(self.delay)
+        return super().post(url, headers, body)
+
+
+def test_a_batch_to_a_slow_receiver_gives_back_what_it_could_not_start_within_its_window(
+    pool: SyncPool, tenant_id: uuid.UUID, erp: Erp, erp_secret: str, publisher: QuorumRabbitmqBroker
+) -> None:
+    # Given a batch of six whose POSTs may start within 3 x 0.3 s of the claim, to a receiver that
+    # takes 0.5 s per request
+    settings = replace(SETTINGS, batch_size=6, limits=SendLimits(0.3, 0.3, 0.3))
+    assert store.batch_send_window(settings, 6) == pytest.approx(0.9)
+    # (so a batch's lease, and a dead sender's delay, is the same for 4 as for 64)
+    assert store.batch_lease_seconds(settings, 64) == store.batch_lease_seconds(settings, 4)
+    sender = _SlowSender(settings, delay=0.5)
+    worker = DeliveryWorker(settings, pool, publisher, sender)
+    endpoint_id = _endpoint(pool, tenant_id, erp.webhook_url, erp_secret, max_concurrency=4)
+    made = _deliveries(pool, tenant_id, endpoint_id, 6)
+    ids = [d for d, _ in made]
+    try:
+        # When one wake-up claims all six
+        assert worker.deliver_one(ids[0])
+        # Then it sent what it could start within the window (two, unless a POST took 0.4 s) and
+        # gave the rest back: due now, no attempt spent or logged
+        states = _states(pool, ids)
+        sent = sum(1 for s in states if s == ("delivered", 1, 1))
+        assert 1 <= sent <= 2, states
+        assert states[sent:] == [("pending", 0, 0)] * (6 - sent), states
+        with pool.connection() as conn:
+            due = conn.execute(
+                """SELECT count(*) AS n FROM deliveries
+                   WHERE delivery_id = ANY(%s) AND next_attempt_at <= now()""",
+                (ids[sent:],),
+            ).fetchone()
+        assert due is not None and due["n"] == 6 - sent
+        # And their own wake-ups are heard: the next one starts another batch
+        assert worker.deliver_one(ids[sent])
+        assert _states(pool, ids)[sent] == ("delivered", 1, 1)
+    finally:
+        sender.close()
