@@ -207,7 +207,9 @@ class DeliveryWorker:
                 headers[tracing.TRACEPARENT] = traceparent
             result = self.sender.post(claim.url, headers, claim.body)
             metrics.POST_SECONDS.observe(result.latency_ms / 1000)
-            faults.point(s.common.faults, faults.CRASH_AFTER_WEBHOOK_POST)
+            if result.status is not None:
+                # The receiver answered: dying now leaves a webhook it has, unrecorded here.
+                faults.point(s.common.faults, faults.CRASH_AFTER_WEBHOOK_POST)
             decision = outcomes.decide(result, claim.round_attempt, scale=s.retry_scale)
             if result.status is not None:
                 span.set_attribute("http.response.status_code", result.status)
