@@ -7,11 +7,14 @@ benchmarks and the tests all start their children through here.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +25,57 @@ import httpx
 LOG_TAIL_LINES = 60
 
 
+# The ports this process handed out from FATURA_PORT_RANGE lately: not handed out again while their
+# servers may still be starting (one bound since is refused by the bind check anyway).
+_RECENT: OrderedDict[int, None] = OrderedDict()
+_RECENT_LOCK = threading.Lock()
+_RECENT_MAX = 256
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port no one listens on right now (the kernel's pick)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port no one listens on right now: the kernel's pick, or with ``FATURA_PORT_RANGE=LO-HI`` one
+    from that range that this process has not handed out lately.
+
+    The kernel picks from its ephemeral range, which every outgoing connection and every other
+    process's pick draw from too, so a port handed out here can be taken before its server binds it.
+    The test suite gives each of its pytest processes a range of its own below the ephemeral one.
+    """
+    span = os.environ.get("FATURA_PORT_RANGE", "").strip()
+    if not span:
+        with socket.socket(_family(host)) as s:
+            s.bind((host, 0))
+            return int(s.getsockname()[1])
+    lo, hi = _port_range(span)
+    remember = max(1, min(_RECENT_MAX, (hi - lo + 1) // 2))
+    with _RECENT_LOCK:
+        for _ in range(4 * (hi - lo + 1)):
+            port = random.randint(lo, hi)
+            if port in _RECENT:
+                continue
+            with socket.socket(_family(host)) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            _RECENT[port] = None
+            while len(_RECENT) > remember:
+                _RECENT.popitem(last=False)
+            return port
+    raise RuntimeError(f"no free port found in FATURA_PORT_RANGE={span}")
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _port_range(span: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(part) for part in span.split("-"))
+    except ValueError:
+        raise ValueError(f"FATURA_PORT_RANGE must be LO-HI (two port numbers), not {span!r}") from None
+    if not 1024 <= lo <= hi <= 65535:
+        raise ValueError(f"FATURA_PORT_RANGE must lie within 1024-65535, low end first, not {span!r}")
+    return lo, hi
 
 
 def status(url: str, timeout: float = 1.0) -> int:

@@ -43,6 +43,30 @@ def test_a_free_port_is_one_nobody_listens_on() -> None:
         assert accepts(port)
 
 
+def test_with_a_port_range_free_ports_come_from_it_and_not_twice_in_a_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        # Given a range of 9 ports, one of them held by a server
+        lo = taken - 4
+        monkeypatch.setenv("FATURA_PORT_RANGE", f"{lo}-{lo + 8}")
+        # When the process asks for four
+        got = [free_port() for _ in range(4)]
+        # Then they are of the range, all different, never the one held
+        assert len(set(got)) == 4, got
+        assert all(lo <= port <= lo + 8 for port in got) and taken not in got
+        # And a range holding only ports in use gives none
+        monkeypatch.setenv("FATURA_PORT_RANGE", f"{taken}-{taken}")
+        with pytest.raises(RuntimeError, match="no free port found"):
+            free_port()
+    monkeypatch.setenv("FATURA_PORT_RANGE", "9000")
+    with pytest.raises(ValueError, match="FATURA_PORT_RANGE must be LO-HI"):
+        free_port()
+
+
 def test_a_child_is_ready_when_its_url_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
     port = free_port()
     with _server(tmp_path, port) as child:
