@@ -187,13 +187,13 @@ class Executor:
             timer.start()
 
     def _rewoken(self) -> None:
-        metrics.CLAIMS.labels("rewoken").inc()
         left = self._pool_closed_until - time.monotonic()
         if left > 0:
             # A later denial closed the pool past this timer's moment (its own timer was left to
             # this one): wake() would drop the wake-up and nothing would be left to wake the worker.
             self._wake_when_open(left)
             return
+        metrics.CLAIMS.labels("rewoken").inc()
         self.wake()
 
     def _acquire(self, tenant_id: uuid.UUID, estimated_tokens: int, key: str) -> Grant | Denial:
