@@ -20,7 +20,7 @@ POST_SECONDS = Histogram(
 )
 LEASES_EXPIRED = Counter("fatura_delivery_leases_expired_total", "Claims of dead senders taken back")
 WAKEUPS = Counter("fatura_delivery_wakeups_total", "Wake-ups sent by the scheduler")
-BATCH_CUT = Counter(
+BATCH_GIVEN_BACK = Counter(
     "fatura_delivery_batch_given_back_total",
     "Claimed deliveries a batch gave back unsent because its send window closed (a slow receiver)",
 )

@@ -171,7 +171,7 @@ class DeliveryWorker:
                     # The receiver is slow: the rest would outlive the lease. Given back, due now.
                     self.taken.discard([c.delivery_id for c in claims[i:]])
                     store.release_unsent(self.pool, claims[i:])
-                    metrics.BATCH_CUT.inc(len(claims) - i)
+                    metrics.BATCH_GIVEN_BACK.inc(len(claims) - i)
                     break
                 result, decision = self._attempt(claim)
                 if store.touches_endpoint(claim, decision):
