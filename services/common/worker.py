@@ -1,9 +1,10 @@
 """Run a Dramatiq worker inside a ``fatura run`` process: the queues it consumes, its ops server,
 and a clean stop on SIGTERM/SIGINT.
 
-Prefetch equals the worker's threads, so a process never holds more unacked deliveries than it
-can work on (RabbitMQ requeues unacked deliveries only when the connection dies or after
-``consumer_timeout``).
+Prefetch equals the worker's threads unless the service asks for more, so a process holds few
+unacked deliveries beyond what it can work on (RabbitMQ requeues unacked deliveries only when the
+connection dies or after ``consumer_timeout``). The delivery worker asks for more: most of its
+wake-ups are dropped at once, and they must not queue behind the ones its threads are sending.
 """
 
 from __future__ import annotations
@@ -62,8 +63,11 @@ def run_worker(
     stop: threading.Event,
     on_stop: Callable[[], None] | None = None,
     worker_timeout_ms: int = 1000,
+    prefetch: int | None = None,
 ) -> int:
-    """Consume ``queues`` until ``stop`` is set; returns the process exit code."""
+    """Consume ``queues`` until ``stop`` is set; returns the process exit code.
+
+    ``prefetch``: unacknowledged messages held per queue (default: ``threads``)."""
     ops = start_ops_server(metrics_port, ready) if metrics_port else None
     if not _declare(broker, queues, stop):
         if ops is not None:
@@ -77,8 +81,8 @@ def run_worker(
     )
     # Dramatiq's defaults are twice the threads (and a thousand times for delay queues, which
     # nothing here uses); set before start(), which opens the consumers.
-    worker.queue_prefetch = threads
-    worker.delay_prefetch = threads
+    worker.queue_prefetch = prefetch or threads
+    worker.delay_prefetch = prefetch or threads
     worker.start()
     log.info("%s: consuming %s with %d threads", name, sorted(queues), threads)
     try:

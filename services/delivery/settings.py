@@ -23,6 +23,10 @@ class DeliverySettings:
     lease_seconds: float = 60.0
     limits: SendLimits = field(default_factory=SendLimits)
     worker_threads: int = 8
+    # Unacknowledged wake-ups one worker process holds (None: four per thread). A thread sending a
+    # batch holds its own; the batch's other wake-ups must flow past it to the idle threads, which
+    # drop them, or the threads wait on RabbitMQ with work in the database.
+    worker_prefetch: int | None = None
     # Due deliveries of one endpoint one wake-up may claim and send one after another.
     batch_size: int = 16
     worker_metrics_port: int = 9185
@@ -66,6 +70,7 @@ class DeliverySettings:
                 f"FATURA_DELIVERY_LEASE_SECONDS={lease} must exceed "
                 f"FATURA_DELIVERY_TOTAL_TIMEOUT_SECONDS={limits.total_timeout}: a lease must outlive a POST"
             )
+        threads = env_int(env, "FATURA_DELIVERY_WORKER_THREADS", 8, lo=1, hi=256)
         return cls(
             common=CommonSettings.from_env(env),
             egress_allow=allow,
@@ -77,7 +82,8 @@ class DeliverySettings:
             ),
             lease_seconds=lease,
             limits=limits,
-            worker_threads=env_int(env, "FATURA_DELIVERY_WORKER_THREADS", 8, lo=1, hi=256),
+            worker_threads=threads,
+            worker_prefetch=env_int(env, "FATURA_DELIVERY_WORKER_PREFETCH", 4 * threads, lo=1, hi=65_535),
             batch_size=env_int(env, "FATURA_DELIVERY_BATCH_SIZE", 16, lo=1, hi=64),
             worker_metrics_port=env_int(env, "FATURA_DELIVERY_WORKER_METRICS_PORT", 9185, lo=0, hi=65535),
             scheduler_metrics_port=env_int(
