@@ -6,6 +6,7 @@ from __future__ import annotations
 import ssl
 import subprocess
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,70 @@ def test_https_goes_to_the_vetted_address_with_the_registered_name_in_sni_and_th
         assert ok.status == 204 and seen[0]["host"] == f"erp.test:{port}"
         mismatch = sender.post(f"https://127.0.0.1:{port}/hooks", {}, b"{}")
         assert mismatch.status is None and mismatch.error_class == "tls_error"
+    finally:
+        sender.close()
+        server.shutdown()
+        server.server_close()
+
+
+class _KeepAliveHandler(BaseHTTPRequestHandler):
+    """HTTP/1.1 with kept-alive connections; notes which connection (client port) each POST came on
+    and when a connection ends."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[tuple[str, int]]
+    ended: list[int]
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        self.seen.append((self.headers["x-sender-thread"], self.client_address[1]))
+        self.send_response(204)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        finally:
+            self.ended.append(self.client_address[1])
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+def test_each_sending_thread_keeps_its_own_connection_and_close_ends_every_one() -> None:
+    seen: list[tuple[str, int]] = []
+    ended: list[int] = []
+    handler = type("Handler", (_KeepAliveHandler,), {"seen": seen, "ended": ended})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/hooks"
+    sender = Sender(EgressGuard(parse_allow(["127.0.0.1/32"])), SendLimits())
+    start = threading.Barrier(3)
+    statuses: list[int | None] = []
+
+    def send(name: str) -> None:
+        start.wait()
+        for _ in range(4):
+            statuses.append(sender.post(url, {"x-sender-thread": name}, b"{}").status)
+
+    threads = [threading.Thread(target=send, args=(f"t{i}",)) for i in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert statuses == [204] * 12
+        ports = {name: {port for n, port in seen if n == name} for name in ("t0", "t1", "t2")}
+        # Four POSTs of a thread, one kept-alive connection; no connection shared by two threads.
+        assert all(len(p) == 1 for p in ports.values()), ports
+        assert len(set().union(*ports.values())) == 3, ports
+        assert ended == []
+        sender.close()
+        deadline = time.monotonic() + 10
+        while len(ended) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sorted(ended) == sorted(set().union(*ports.values()))
     finally:
         sender.close()
         server.shutdown()

@@ -12,11 +12,11 @@ import dramatiq
 import pika
 import pytest
 
+from fix_amqp import AMQP_URL
 from services.common.broker import QuorumRabbitmqBroker, make_broker
 from services.common.settings import CommonSettings
 from services.common.worker import run_worker
 from services.delivery.settings import DeliverySettings
-from fix_amqp import AMQP_URL
 
 MESSAGES = 7
 
@@ -71,7 +71,9 @@ def _run(queue: str, prefetch: int | None) -> int:
     dramatiq.actor(actor_name="hold", queue_name=queue, broker=broker)(hold)
     broker.declare_queue(queue, ensure=True)
     for n in range(MESSAGES):
-        broker.enqueue(dramatiq.Message(queue_name=queue, actor_name="hold", args=(n,), kwargs={}, options={}))
+        broker.enqueue(
+            dramatiq.Message(queue_name=queue, actor_name="hold", args=(n,), kwargs={}, options={})
+        )
     stop = threading.Event()
     runner = threading.Thread(
         target=run_worker,
