@@ -14,7 +14,7 @@ from services.acceptance import schemas
 from services.acceptance.settings import AcceptanceSettings
 from services.common import states
 from services.common.api.errors import ApiError, PayloadTooLarge, Unprocessable
-from services.common.api.schema import RequestValidator
+from services.common.api.schema import RequestSchema
 
 _MAX_REPORTED_ERRORS = 10
 _MAX_CURSOR_LENGTH = 512
@@ -78,8 +78,8 @@ def list_jobs(state: str | None, cursor: str | None, limit: str | None) -> ListJ
 class RequestParser:
     def __init__(self, settings: AcceptanceSettings) -> None:
         self._settings = settings
-        self._document = RequestValidator(schemas.create_document_request())
-        self._job = RequestValidator(schemas.create_job_request((settings.model_policy,)))
+        self._document = RequestSchema(schemas.create_document_request())
+        self._job = RequestSchema(schemas.create_job_request((settings.model_policy,)))
 
     def create_document(self, body: Any) -> CreateDocument:
         validate_body(self._document, body)

@@ -19,7 +19,7 @@ from services.acceptance.requests import (
 from services.acceptance.settings import AcceptanceSettings
 from services.common import states
 from services.common.api.errors import ApiError, Unprocessable
-from services.common.api.schema import RequestValidator
+from services.common.api.schema import RequestSchema
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class BatchParser:
     def __init__(self, settings: AcceptanceSettings, jobs: RequestParser | None = None) -> None:
         self._settings = settings
         self._jobs = jobs or RequestParser(settings)
-        self._batch = RequestValidator(
+        self._batch = RequestSchema(
             schemas.create_batch_request((settings.model_policy,), settings.max_batch_items)
         )
 
