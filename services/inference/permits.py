@@ -74,11 +74,9 @@ class AttemptPermits:
     def release(self, permit: PermitGranted, outcome: str, input_tokens: int, output_tokens: int) -> None:
         with self._lock:
             self._held.discard(permit.permit_id)
-        try:
-            self._client.release(permit.permit_id, Outcome(outcome), input_tokens, output_tokens)
-        except LimiterError as exc:
-            # The permit's lease expires on its own; an unknown outcome keeps its reservation anyway.
-            log.warning("could not release permit %s (%s): %s", permit.permit_id, outcome, exc)
+        # Not waited for: it travels with the slot's next Acquire. Should it fail, the permit's lease
+        # expires on its own; an unknown outcome keeps its reservation anyway.
+        self._client.release_later(permit.permit_id, Outcome(outcome), input_tokens, output_tokens)
 
     def throttle(self, pool: str, retry_after_ms: int) -> None:
         try:
@@ -103,7 +101,14 @@ class AttemptPermits:
             unused, self._primary = self._primary, None
             left = self._held - ({unused.permit_id} if unused else set())
             self._held = set()
+        # Waited for (a rare path): whoever reads the pool after the attempt finds them settled.
         if unused is not None:
-            self.release(PermitGranted(unused.permit_id), Outcome.NOT_SENT.value, 0, 0)
+            self._settle_now(unused.permit_id, Outcome.NOT_SENT)
         for permit_id in left:
-            self.release(PermitGranted(permit_id), Outcome.UNKNOWN.value, 0, 0)
+            self._settle_now(permit_id, Outcome.UNKNOWN)
+
+    def _settle_now(self, permit_id: str, outcome: Outcome) -> None:
+        try:
+            self._client.release(permit_id, outcome)
+        except LimiterError as exc:
+            log.warning("could not release permit %s (%s): %s", permit_id, outcome.value, exc)

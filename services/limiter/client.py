@@ -14,6 +14,10 @@ Acquire and Release travel inside ``Batch`` RPCs: a call leaves at once when few
 Batches are on the wire, else with the next one, together with the calls the process's other
 threads made meanwhile. Each keeps its own deadline and its own answer; against a limiter without
 ``Batch`` the client falls back to one RPC per call.
+
+``release_later`` does not wait: its Release waits up to ``_HOLD_S`` for company (typically the
+same thread's next Acquire, a moment later) and leaves with it, so a job's Release and the next
+job's Acquire cost one round trip. ``close()`` sends what is still held.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -100,6 +105,9 @@ _STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 # first to come back (a round trip at most), then leave together.
 _BATCH_LANES = 2
 _BATCH_MAX_ITEMS = 128
+# How long a Release nobody waits for is held for an Acquire to travel with; a slot's next Acquire
+# usually follows within a few milliseconds (the completion's transaction between them).
+_HOLD_S = 0.010
 _CHANNEL_OPTIONS = [
     # Reconnect quickly once the limiter is back instead of staying in emergency mode for minutes.
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -130,16 +138,22 @@ class _Failed(Exception):
         self.sent = sent  # False: it never left this process (no lane before its deadline)
 
 
-class _Waiting:
-    __slots__ = ("deadline", "done", "error", "item", "result", "sent")
+Answered = Callable[[pb.BatchResult | None, "_Failed | None"], None]
 
-    def __init__(self, item: pb.BatchItem, deadline: float) -> None:
+
+class _Waiting:
+    __slots__ = ("answered", "deadline", "done", "error", "held_until", "item", "result", "sent")
+
+    def __init__(self, item: pb.BatchItem, deadline: float, answered: Answered | None = None) -> None:
         self.item = item
         self.deadline = deadline
         self.done = threading.Event()
         self.result: pb.BatchResult | None = None
         self.error: _Failed | None = None
         self.sent = False
+        # A call nobody waits for: told its answer through ``answered``; may wait for company.
+        self.answered = answered
+        self.held_until = 0.0
 
 
 class _Batcher:
@@ -147,14 +161,75 @@ class _Batcher:
     A call never waits for company: with a lane free it leaves at once (alone or with the calls
     queued before it); otherwise it leaves when a Batch comes back, with everything queued by then."""
 
-    def __init__(self, stub: Any, metadata: Any, lanes: int, max_items: int) -> None:
+    def __init__(self, stub: Any, metadata: Any, lanes: int, max_items: int, hold_s: float = _HOLD_S) -> None:
         self._stub = stub
         self._metadata = metadata
         self._lanes = lanes
         self._max_items = max_items
+        self._hold_s = hold_s
         self._lock = threading.Lock()
         self._queue: list[_Waiting] = []
         self._in_flight = 0
+        self._held = threading.Condition(self._lock)  # a held call queued, or the batcher closing
+        self._closing = False
+        self._flusher: threading.Thread | None = None
+
+    def post(self, item: pb.BatchItem, timeout_s: float, answered: Answered) -> None:
+        """Queue ``item`` without waiting for it: it leaves with the next call, or alone after the
+        hold; ``answered`` gets its result or its failure (on a gRPC or flusher thread)."""
+        waiting = _Waiting(item, time.monotonic() + timeout_s, answered)
+        waiting.held_until = time.monotonic() + self._hold_s
+        with self._lock:
+            if self._closing:
+                batch = [waiting]
+                waiting.sent = True
+                self._in_flight += 1
+            else:
+                self._queue.append(waiting)
+                if self._flusher is None:
+                    self._flusher = threading.Thread(
+                        target=self._flush_held, name="limiter-release", daemon=True
+                    )
+                    self._flusher.start()
+                self._held.notify()
+                return
+        self._send(batch)
+
+    def _flush_held(self) -> None:
+        """Send held calls whose hold is over and that no call has taken along."""
+        with self._lock:
+            while not self._closing:
+                held = [w.held_until for w in self._queue if w.answered is not None]
+                if not held:
+                    self._held.wait()
+                    continue
+                due = min(held) - time.monotonic()
+                if due > 0:
+                    self._held.wait(due)
+                    continue
+                batch = self._take_locked()
+                if batch:
+                    self._lock.release()
+                    try:
+                        self._send(batch)
+                    finally:
+                        self._lock.acquire()
+                else:
+                    # Both lanes busy: what is queued leaves when a Batch comes back.
+                    self._held.wait(self._hold_s)
+
+    def close(self, timeout_s: float) -> None:
+        """Send every held call now and wait (at most ``timeout_s``) for their answers."""
+        with self._lock:
+            self._closing = True
+            self._held.notify_all()
+            pending = [w for w in self._queue if w.answered is not None]
+            batch = self._take_locked()
+        if batch:
+            self._send(batch)
+        deadline = time.monotonic() + timeout_s
+        for waiting in pending:
+            waiting.done.wait(max(0.0, deadline - time.monotonic()))
 
     def call(self, item: pb.BatchItem, timeout_s: float) -> pb.BatchResult:
         """The item's result; raises ``_Failed`` when the Batch failed or the deadline passed."""
@@ -162,8 +237,9 @@ class _Batcher:
         with self._lock:
             self._queue.append(waiting)
             batch = self._take_locked()
-        if batch == [waiting]:
-            # Alone: the call waits in its own thread, as a unary RPC would (no hand-off to grpc's).
+        if batch and all(w is waiting or w.answered is not None for w in batch):
+            # Alone, or with calls nobody waits for: the call waits in its own thread, as a unary
+            # RPC would (no hand-off to grpc's).
             self._send_here(batch)
         elif batch:
             self._send(batch)
@@ -237,6 +313,11 @@ class _Batcher:
                 waiting.result = results[i]
             waiting.error = error
             waiting.done.set()
+            if waiting.answered is not None:
+                try:
+                    waiting.answered(waiting.result, error)
+                except Exception:
+                    log.exception("handling a limiter answer failed")
         with self._lock:
             self._in_flight -= 1
             following = self._take_locked()
@@ -308,6 +389,7 @@ class LimiterClient:
         )
 
     def close(self) -> None:
+        self._batcher.close(self._settle_deadline_s)  # the held Releases first
         self._channel.close()
 
     def readiness(self) -> str | None:
@@ -485,6 +567,45 @@ class LimiterClient:
         except _Failed as exc:
             raise self._translate("Release", exc.code, exc.details) from exc
         return not response.already_released
+
+    def release_later(
+        self, permit_id: str, outcome: Outcome, input_tokens: int = 0, output_tokens: int = 0
+    ) -> None:
+        """``release`` without waiting for the limiter: the Release travels with this process's
+        next call (or alone after a few milliseconds). A failure is logged; the permit's lease
+        expires on its own, as after any Release that could not be made."""
+        if is_emergency(permit_id) or not self._batching:
+            try:
+                self.release(permit_id, outcome, input_tokens, output_tokens)
+            except LimiterError as exc:
+                log.warning("could not release permit %s (%s): %s", permit_id, outcome.value, exc)
+            return
+        request = pb.ReleaseRequest(
+            permit_id=permit_id,
+            outcome=pb.Outcome.Value(f"OUTCOME_{outcome.value}"),
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+        )
+
+        def answered(result: pb.BatchResult | None, failed: _Failed | None) -> None:
+            if failed is None and result is not None and result.WhichOneof("result") == "error":
+                code = _STATUS_BY_VALUE.get(result.error.code, grpc.StatusCode.UNKNOWN)
+                failed = _Failed(code, result.error.message)
+            if failed is None:
+                return
+            if failed.code == grpc.StatusCode.UNIMPLEMENTED:
+                # An older limiter: this Release is made on its own, and every call from now on.
+                self._batching = False
+                threading.Thread(
+                    target=self.release_later,
+                    args=(permit_id, outcome, input_tokens, output_tokens),
+                    daemon=True,
+                ).start()
+                return
+            error = self._translate("Release", failed.code, failed.details)
+            log.warning("could not release permit %s (%s): %s", permit_id, outcome.value, error)
+
+        self._batcher.post(pb.BatchItem(release=request), self._settle_deadline_s, answered)
 
     def _exchange(self, method: str, request: Any, timeout_s: float, *, traced: bool) -> Any:
         """One Acquire or Release: inside a Batch while the limiter has that RPC, else its own RPC.

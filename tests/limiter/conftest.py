@@ -75,6 +75,12 @@ rpm = 100000000
 tpm = 1000000000000
 max_in_flight = 30
 
+[pools.later]
+pacing = "window"
+rpm = 100000
+tpm = 1000000000
+max_in_flight = 1
+
 [pools.tenants]
 pacing = "window"
 rpm = 1000

@@ -4,6 +4,7 @@ and the client's threads sharing Batches without sharing answers."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import grpc
@@ -113,3 +114,58 @@ def test_threads_sharing_batches_get_their_own_answers_and_the_cap_holds(
             thread.join()
         assert settled == [True] * 30
         assert client.pool_status("race").in_flight.used == 0
+
+
+def test_a_release_not_waited_for_leaves_before_the_acquire_that_follows_it(
+    shared_limiter: LimiterProcess,
+) -> None:
+    """Given a pool of one slot whose permit a caller holds
+    When it releases with release_later (no wait) and at once asks again, many times over
+    Then every Acquire is granted: the Release travels first, with the Acquire or before it."""
+    with shared_limiter.client() as client:
+        for i in range(20):
+            grant = client.acquire("later", "acme", 10, 10, lease_ms=30_000, request_key=f"later-{i}")
+            assert isinstance(grant, Grant), (i, grant)
+            client.release_later(grant.permit_id, Outcome.COMPLETED, 8, 2)
+        # The last one travels alone after its hold, without any call to carry it.
+        deadline = time.monotonic() + 10
+        while client.pool_status("later").in_flight.used and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client.pool_status("later").in_flight.used == 0
+
+
+def test_closing_the_client_sends_the_releases_it_still_holds(shared_limiter: LimiterProcess) -> None:
+    """Given releases made with release_later by several threads
+    When the client is closed at once
+    Then the limiter has every one of them when close() returns."""
+    with shared_limiter.client() as client:
+        grants = [
+            client.acquire("race", "acme", 10, 10, lease_ms=30_000, request_key=f"closing-{i}")
+            for i in range(6)
+        ]
+        assert all(isinstance(g, Grant) for g in grants)
+        assert client.pool_status("race").in_flight.used == 6
+    closing = shared_limiter.client()
+    threads = [
+        threading.Thread(target=closing.release_later, args=(g.permit_id, Outcome.NOT_SENT))
+        for g in grants
+        if isinstance(g, Grant)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    closing.close()
+    with shared_limiter.client() as client:
+        assert client.pool_status("race").in_flight.used == 0
+
+
+def test_a_release_that_fails_later_is_logged_not_raised(
+    shared_limiter: LimiterProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    with shared_limiter.client() as client:
+        client.release_later(UNKNOWN_PERMIT, Outcome.COMPLETED, 1, 1)
+        deadline = time.monotonic() + 10
+        while "could not release permit" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert f"could not release permit {UNKNOWN_PERMIT}" in caplog.text
