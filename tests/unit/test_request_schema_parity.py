@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from json_paths import json_paths
 
 from services.acceptance import schemas
 from services.acceptance.batches import schemas as batch_schemas
@@ -95,17 +96,6 @@ def _verdicts(kind: str, body: Any) -> tuple[bool, bool]:
     return schema.accepts_fast(body), not list(schema.reference.iter_errors(body))
 
 
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    paths = [prefix] if prefix else []
-    if isinstance(value, dict):
-        for key, child in value.items():
-            paths += _paths(child, (*prefix, key))
-    elif isinstance(value, list):
-        for index, child in enumerate(value):
-            paths += _paths(child, (*prefix, index))
-    return paths
-
-
 @pytest.mark.parametrize("kind", sorted(VALID))
 def test_both_checks_accept_the_valid_bodies(kind: str) -> None:
     for body in VALID[kind]:
@@ -116,7 +106,7 @@ def test_both_checks_accept_the_valid_bodies(kind: str) -> None:
 @pytest.mark.parametrize("value", TRICKY, ids=repr)
 def test_both_checks_agree_on_values_read_differently_elsewhere(kind: str, value: Any) -> None:
     for body in VALID[kind]:
-        for path in _paths(body):
+        for path in json_paths(body):
             changed = copy.deepcopy(body)
             target = changed
             for key in path[:-1]:
@@ -133,7 +123,7 @@ def test_both_checks_agree_when_a_field_is_replaced_dropped_or_added(
 ) -> None:
     kind = data.draw(st.sampled_from(sorted(VALID)))
     body = copy.deepcopy(data.draw(st.sampled_from(VALID[kind])))
-    path = data.draw(st.sampled_from(_paths(body)))
+    path = data.draw(st.sampled_from(json_paths(body)))
     target = body
     for key in path[:-1]:
         target = target[key]

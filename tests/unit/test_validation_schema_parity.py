@@ -9,6 +9,7 @@ from typing import Any
 import fastjsonschema
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from json_paths import json_paths
 
 from services.inference.validation._parse import fast_validator, schema_validator
 from services.sandbox.provider.extract import extract
@@ -38,17 +39,6 @@ def _agree(document: Any) -> bool:
     return fast == schema_validator().is_valid(document)
 
 
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    paths = [prefix] if prefix else []
-    if isinstance(value, dict):
-        for key, child in value.items():
-            paths += _paths(child, (*prefix, key))
-    elif isinstance(value, list):
-        for index, child in enumerate(value):
-            paths += _paths(child, (*prefix, index))
-    return paths
-
-
 def test_both_checks_accept_every_sample_extraction() -> None:
     for document in EXTRACTIONS:
         assert schema_validator().is_valid(document)
@@ -59,7 +49,7 @@ def test_both_checks_accept_every_sample_extraction() -> None:
 @given(data=st.data(), replacement=json_values)
 def test_both_checks_agree_when_any_one_field_is_replaced(data: st.DataObject, replacement: Any) -> None:
     document = copy.deepcopy(data.draw(st.sampled_from(EXTRACTIONS)))
-    path = data.draw(st.sampled_from(_paths(document)))
+    path = data.draw(st.sampled_from(json_paths(document)))
     target = document
     for key in path[:-1]:
         target = target[key]
