@@ -23,9 +23,9 @@ class DeliverySettings:
     lease_seconds: float = 60.0
     limits: SendLimits = field(default_factory=SendLimits)
     worker_threads: int = 8
-    # Unacknowledged wake-ups one worker process holds (None: four per thread). A thread sending a
-    # batch holds its own; the batch's other wake-ups must flow past it to the idle threads, which
-    # drop them, or the threads wait on RabbitMQ with work in the database.
+    # Unacknowledged wake-ups one worker process holds per queue (None: four per thread). A thread
+    # sending a batch holds its own; the batch's other wake-ups must flow past it to the idle
+    # threads, which drop them, or the threads wait on RabbitMQ with work in the database.
     worker_prefetch: int | None = None
     # Due deliveries of one endpoint one wake-up may claim and send one after another.
     batch_size: int = 16
@@ -50,6 +50,10 @@ class DeliverySettings:
                 f"(the same key in the edge and the delivery worker); {GENERATE_HINT}"
             )
         return self.keyring
+
+    @property
+    def prefetch(self) -> int:
+        return self.worker_prefetch or 4 * self.worker_threads
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> DeliverySettings:

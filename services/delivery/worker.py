@@ -273,7 +273,7 @@ def main() -> int:
             name="delivery-worker",
             queues=(worker.ingest_queue, worker.deliver_queue),
             threads=settings.worker_threads,
-            prefetch=settings.worker_prefetch or 4 * settings.worker_threads,
+            prefetch=settings.prefetch,
             metrics_port=settings.worker_metrics_port,
             ready=ready,
             stop=stop,

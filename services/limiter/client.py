@@ -138,13 +138,13 @@ class _Failed(Exception):
         self.sent = sent  # False: it never left this process (no lane before its deadline)
 
 
-Answered = Callable[[pb.BatchResult | None, "_Failed | None"], None]
+_Answered = Callable[[pb.BatchResult | None, _Failed | None], None]
 
 
 class _Waiting:
     __slots__ = ("answered", "deadline", "done", "error", "held_until", "item", "result", "sent")
 
-    def __init__(self, item: pb.BatchItem, deadline: float, answered: Answered | None = None) -> None:
+    def __init__(self, item: pb.BatchItem, deadline: float, answered: _Answered | None = None) -> None:
         self.item = item
         self.deadline = deadline
         self.done = threading.Event()
@@ -174,7 +174,7 @@ class _Batcher:
         self._closing = False
         self._flusher: threading.Thread | None = None
 
-    def post(self, item: pb.BatchItem, timeout_s: float, answered: Answered) -> None:
+    def post(self, item: pb.BatchItem, timeout_s: float, answered: _Answered) -> None:
         """Queue ``item`` without waiting for it: it leaves with the next call, or alone after the
         hold; ``answered`` gets its result or its failure (on a gRPC or flusher thread)."""
         waiting = _Waiting(item, time.monotonic() + timeout_s, answered)

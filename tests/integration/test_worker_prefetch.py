@@ -112,7 +112,8 @@ def test_a_worker_given_a_prefetch_holds_that_many_messages(queue: str) -> None:
 
 
 def test_the_delivery_worker_prefetches_four_wakeups_per_thread_unless_told() -> None:
-    assert DeliverySettings.from_env({}).worker_prefetch == 32
-    assert DeliverySettings.from_env({"FATURA_DELIVERY_WORKER_THREADS": "3"}).worker_prefetch == 12
+    assert DeliverySettings.from_env({}).prefetch == 32
+    assert DeliverySettings(worker_threads=2).prefetch == 8
+    assert DeliverySettings.from_env({"FATURA_DELIVERY_WORKER_THREADS": "3"}).prefetch == 12
     told = {"FATURA_DELIVERY_WORKER_THREADS": "3", "FATURA_DELIVERY_WORKER_PREFETCH": "5"}
-    assert DeliverySettings.from_env(told).worker_prefetch == 5
+    assert DeliverySettings.from_env(told).prefetch == 5
