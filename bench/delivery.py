@@ -97,6 +97,17 @@ def _raw_phase(url: str, secret: str, bodies: list[bytes], threads: int) -> tupl
     return len(bodies) / calls.seconds, [1000 * s for s in calls.latencies()], errors
 
 
+def _per_item(seconds: dict[str, float], items: int) -> dict[str, float]:
+    return {name: round(1000 * used / items, 3) for name, used in seconds.items() if used > 0}
+
+
+def _listed(ms: dict[str, float]) -> str:
+    if not ms:
+        return "not measured"
+    parts = [f"{name} {value:.2f}" for name, value in sorted(ms.items(), key=lambda kv: -kv[1])]
+    return f"{sum(ms.values()):.2f} in all ({', '.join(parts)})"
+
+
 def _chart(figures: dict[str, Any]) -> Any:
     fig, (rates, lat) = report.pyplot().subplots(1, 2, figsize=(9, 3.6))
     names = ["delivery worker\n(claim, sign, POST, record)", "raw httpx POST\n(pre-signed)"]
@@ -195,13 +206,16 @@ def run(args: argparse.Namespace) -> int:
             deadline = time.monotonic() + 600
             # The workers' CPU from the first delivery seen to the last: sending, without start-up.
             steady: tuple[int, float] | None = None
+            machine_before: cpu.CpuSample | None = None  # every process's CPU, from the same moment
             with report.progress("deliveries", lambda: _delivered(stack.database_url), n):
                 while (done := _delivered(stack.database_url)) < n and time.monotonic() < deadline:
                     if not all(w.alive() for w in workers):
                         raise SystemExit(f"a delivery worker exited; see {stack.log_dir}")
                     if steady is None and done > 0:
                         steady = (done, sum(cpu.process_seconds(w.pid) for w in workers))
+                        machine_before = cpu.sample()
                     time.sleep(0.2)
+            machine_after = cpu.sample()
             worker_cpu = sum(cpu.process_seconds(w.pid) for w in workers)
             steady_ms = (
                 (worker_cpu - steady[1]) * 1000 / (n - steady[0])
@@ -217,11 +231,22 @@ def run(args: argparse.Namespace) -> int:
             delivery_rate = (delivered - 1) / span if span > 0 else float("nan")
             erp_cpu_before = cpu.process_seconds(erp.pid)
             bench_cpu_before = time.process_time()
+            raw_before = cpu.sample()
             raw_rate, raw_ms, raw_errors = _raw_phase(
                 f"{erp_url}/webhooks", secret, [b for _, _, b in events], args.threads
             )
+            raw_after = cpu.sample()
             erp_cpu_raw = cpu.process_seconds(erp.pid) - erp_cpu_before
             raw_client_cpu = time.process_time() - bench_cpu_before
+            # Every process's share, per delivery and per raw POST: what the two phases cost the
+            # machine, beyond the worker's and the raw client's own CPU.
+            sent = n - steady[0] if steady is not None else 0
+            delivery_split = (
+                _per_item(stack.cpu_seconds(machine_before, machine_after), sent)
+                if machine_before is not None and sent > 0
+                else {}
+            )
+            raw_split = _per_item(stack.cpu_seconds(raw_before, raw_after), n)
             ledger = httpx.get(f"{erp_url}/admin/stats").json()["counts"]
         finally:
             stack.stop_all()
@@ -249,6 +274,11 @@ def run(args: argparse.Namespace) -> int:
         "erp_cpu_ms_per_raw_post": erp_cpu_raw * 1000 / n,
         # The raw client's CPU (this process, signing excluded: done before the clock starts).
         "raw_client_cpu_ms_per_post": raw_client_cpu * 1000 / n,
+        # CPU ms per delivery (from the first delivery seen) and per raw POST, by process group:
+        # the bench process is the raw client in the raw phase; PostgreSQL and RabbitMQ work only in
+        # the delivery phase.
+        "cpu_ms_per_delivery_by_process": delivery_split,
+        "cpu_ms_per_raw_post_by_process": raw_split,
         "load_average_1m": os.getloadavg()[0],
         "erp_counts": ledger,
     }
@@ -264,6 +294,8 @@ def run(args: argparse.Namespace) -> int:
         f"ERP {figures['erp_cpu_ms_per_delivery']:.1f} ms "
         f"(raw phase: {figures['erp_cpu_ms_per_raw_post']:.1f} ms); "
         f"load average {figures['load_average_1m']:.1f} on {os.cpu_count()} cores\n"
+        f"CPU ms per delivery, every process: {_listed(delivery_split)}\n"
+        f"CPU ms per raw POST, every process: {_listed(raw_split)}\n"
         f"ratio: {figures['ratio']:.0%} of raw "
         f"(goal ≥ {GOAL_RATIO:.0%}: {report.met(figures['ratio'] >= GOAL_RATIO)})"
     )

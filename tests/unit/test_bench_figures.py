@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from bench import delivery as delivery_bench
 from bench.quota import Samples, capacity, windows
 from bench.report import percentile
 
@@ -50,3 +51,10 @@ def test_percentile_is_the_nearest_rank_whatever_the_order_and_nan_for_nothing()
     assert percentile(calls, 1.0) == 3000.0
     assert percentile(calls, 0.0) == 1.0
     assert math.isnan(percentile([], 0.5))
+
+
+def test_the_delivery_bench_gives_each_process_its_cpu_per_item_largest_first() -> None:
+    ms = delivery_bench._per_item({"delivery-worker": 3.0, "erp": 1.5, "redis": 0.0, "postgres": 0.5}, 2000)
+    assert ms == {"delivery-worker": 1.5, "erp": 0.75, "postgres": 0.25}  # idle processes left out
+    assert delivery_bench._listed(ms) == "2.50 in all (delivery-worker 1.50, erp 0.75, postgres 0.25)"
+    assert delivery_bench._listed({}) == "not measured"
