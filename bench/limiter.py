@@ -163,9 +163,10 @@ async def closed_loop(
     return phase
 
 
-def client_pair(address: str, pool: str) -> tuple[Any, Callable[[object], float]]:
+def client_pair(address: str, pool: str, *, later: bool = False) -> tuple[Any, Callable[[object], float]]:
     """A LimiterClient, and one blocking Acquire+Release through it that returns when its Acquire
-    was answered (as the inference workers use it)."""
+    was answered. ``later``: the Release is ``release_later``, not waited for, as the inference
+    worker's hops release (it travels with the next Acquire)."""
     from services.limiter.client import LimiterClient
     from services.limiter.errors import LimiterError
     from services.limiter.model import Grant, Outcome
@@ -177,20 +178,30 @@ def client_pair(address: str, pool: str) -> tuple[Any, Callable[[object], float]
         answered = time.monotonic()
         if not isinstance(grant, Grant) or grant.emergency:
             raise LimiterError(f"not a limiter grant: {grant!r}")
-        client.release(grant.permit_id, Outcome.COMPLETED, 80, 20)
+        if later:
+            client.release_later(grant.permit_id, Outcome.COMPLETED, 80, 20)
+        else:
+            client.release(grant.permit_id, Outcome.COMPLETED, 80, 20)
         return answered
 
     return client, pair
 
 
 def threaded_loop(
-    label: str, address: str, pool: str, clients: int, warmup: float, duration: float, meter: CpuMeter
+    label: str,
+    address: str,
+    pool: str,
+    clients: int,
+    warmup: float,
+    duration: float,
+    meter: CpuMeter,
+    later: bool = False,
 ) -> Phase:
     """The blocking LimiterClient the inference workers use, one thread per client, one channel."""
     from services.limiter.errors import LimiterError
 
     phase = Phase(label)
-    client, pair = client_pair(address, pool)
+    client, pair = client_pair(address, pool, later=later)
     print(f"{label}: {clients} threads, {warmup:.0f}s warm-up + {duration:.0f}s measured", flush=True)
     try:
         calls = load.closed_loop(
@@ -213,12 +224,12 @@ def threaded_loop(
 
 
 async def threaded_open_loop(
-    label: str, address: str, pool: str, rate: float, duration: float, meter: CpuMeter
+    label: str, address: str, pool: str, rate: float, duration: float, meter: CpuMeter, later: bool = False
 ) -> Phase:
     """Open loop through LimiterClient: each scheduled pair runs on one of OPEN_LOOP_THREADS threads."""
     from services.limiter.errors import LimiterError
 
-    client, blocking_pair = client_pair(address, pool)
+    client, blocking_pair = client_pair(address, pool, later=later)
     loop = asyncio.get_running_loop()
 
     async def pair(phase: Phase, measuring: bool, at: float | None = None) -> None:
@@ -477,6 +488,8 @@ async def measure(
 
     batch_label = "limiter (gRPC Batch: Release + next Acquire)"
     client_label = "limiter (LimiterClient, threads)"
+    # The worker's own path: its hop's Release is not waited for (release_later).
+    later_label = "limiter (LimiterClient, release_later)"
     phases = [
         await closed_loop("redis-py (raw Lua)", raw_pair, args.clients, args.warmup, args.duration, meter),
         await closed_loop("limiter (gRPC)", grpc_pair, args.clients, args.warmup, args.duration, meter),
@@ -496,6 +509,19 @@ async def measure(
                 meter,
             )
         )
+        phases.append(
+            await asyncio.to_thread(
+                threaded_loop,
+                later_label,
+                address,
+                args.pool,
+                args.clients,
+                args.warmup,
+                args.duration,
+                meter,
+                True,
+            )
+        )
     for rate in [float(r) for r in args.open_rates.split(",") if r.strip()]:
         phases.append(
             await open_loop("limiter (gRPC), open loop", grpc_pair, rate, args.open_duration, meter)
@@ -508,6 +534,10 @@ async def measure(
             label = f"{client_label}, open loop"
             phases.append(
                 await threaded_open_loop(label, address, args.pool, rate, args.open_duration, meter)
+            )
+            label = f"{later_label}, open loop"
+            phases.append(
+                await threaded_open_loop(label, address, args.pool, rate, args.open_duration, meter, True)
             )
     await channel.close()
     await raw_client.aclose()
