@@ -488,7 +488,6 @@ async def measure(
 
     batch_label = "limiter (gRPC Batch: Release + next Acquire)"
     client_label = "limiter (LimiterClient, threads)"
-    # The worker's own path: its hop's Release is not waited for (release_later).
     later_label = "limiter (LimiterClient, release_later)"
     phases = [
         await closed_loop("redis-py (raw Lua)", raw_pair, args.clients, args.warmup, args.duration, meter),
@@ -496,30 +495,20 @@ async def measure(
         await closed_loop(batch_label, batch_pair, args.clients, args.warmup, args.duration, meter),
     ]
     await release_held()
-    if args.threads_phase:
+    # The waited-for pair, then the worker's own path (its hop's Release is not waited for).
+    clients = ((client_label, False), (later_label, True)) if args.threads_phase else ()
+    for label, later in clients:
         phases.append(
             await asyncio.to_thread(
                 threaded_loop,
-                client_label,
+                label,
                 address,
                 args.pool,
                 args.clients,
                 args.warmup,
                 args.duration,
                 meter,
-            )
-        )
-        phases.append(
-            await asyncio.to_thread(
-                threaded_loop,
-                later_label,
-                address,
-                args.pool,
-                args.clients,
-                args.warmup,
-                args.duration,
-                meter,
-                True,
+                later,
             )
         )
     for rate in [float(r) for r in args.open_rates.split(",") if r.strip()]:
@@ -530,14 +519,11 @@ async def measure(
             await open_loop(f"{batch_label}, open loop", batch_pair, rate, args.open_duration, meter)
         )
         await release_held()
-        if args.threads_phase:
-            label = f"{client_label}, open loop"
+        for label, later in clients:
             phases.append(
-                await threaded_open_loop(label, address, args.pool, rate, args.open_duration, meter)
-            )
-            label = f"{later_label}, open loop"
-            phases.append(
-                await threaded_open_loop(label, address, args.pool, rate, args.open_duration, meter, True)
+                await threaded_open_loop(
+                    f"{label}, open loop", address, args.pool, rate, args.open_duration, meter, later
+                )
             )
     await channel.close()
     await raw_client.aclose()
