@@ -4,6 +4,11 @@
 -- name: tenant_states
 SELECT state, count(*) AS n FROM extraction_jobs WHERE tenant_id = %(tenant_id)s GROUP BY state
 
+-- name: tenant_ingested
+-- How many of one tenant's jobs the inference worker's ingest has taken into the execution inbox.
+SELECT count(*) AS n FROM execution_inbox i JOIN extraction_jobs j ON j.id = i.job_id
+WHERE j.tenant_id = %(tenant_id)s
+
 -- name: tenant_span
 -- From the first acceptance to the last terminal state of one tenant's jobs, in seconds.
 SELECT count(*) AS jobs,
