@@ -49,6 +49,7 @@ WORKER_COUNTERS = {
     "fatura_inference_claims": "claims",
     "fatura_provider_hops": "hops",
     "fatura_inference_stale_completions": "stale_completions",
+    "fatura_inference_ingest_wakeups": "wakeups",
 }
 
 

@@ -106,14 +106,18 @@ class Executor:
     def lease_ms(self) -> int:
         return int(self._s.lease_seconds * 1000)
 
-    def wake(self) -> bool:
-        """Start a slot if one frees up within the wait; False when the wake-up is dropped."""
+    def wake(self, wait_seconds: float | None = None) -> bool:
+        """Start a slot if one frees up within the wait (``FATURA_SLOT_WAIT_SECONDS`` unless given;
+        0: only a slot free now); False when the wake-up is dropped."""
         if time.monotonic() < self._pool_closed_until:
             # The limiter just said the whole pool is full or cooling down: a claim now would only
             # lock a job, ask again and defer it. The scheduler's top-up wakes the work later.
             metrics.CLAIMS.labels("pool_closed").inc()
             return False
-        if self._stopping.is_set() or not self._slots.acquire(timeout=self._s.slot_wait_seconds):
+        wait = self._s.slot_wait_seconds if wait_seconds is None else wait_seconds
+        if self._stopping.is_set():
+            return False
+        if not (self._slots.acquire(timeout=wait) if wait > 0 else self._slots.acquire(blocking=False)):
             return False
         try:
             self._threads.submit(self._slot)

@@ -22,6 +22,13 @@ REFUSED = Counter(
 LEASES_LOST = Counter(
     "fatura_inference_leases_lost_total", "Running jobs whose lease a heartbeat found taken away"
 )
+INGEST_WAKEUPS = Counter(
+    "fatura_inference_ingest_wakeups_total",
+    "How an ingested job request woke the workers: a free slot of this process (local), a run "
+    "wake-up sent to any worker (sent), neither as one was sent lately (coalesced), or not at all "
+    "as a slot had already claimed the job (already_claimed)",
+    ["how"],
+)
 IN_FLIGHT = Gauge("fatura_inference_in_flight", "Jobs this worker process is running now")
 ATTEMPT_SECONDS = Histogram(
     "fatura_inference_attempt_seconds",

@@ -34,6 +34,7 @@ class InferenceSettings:
     scheduler_batch: int = 200
     wakeup_target: int = 64
     slot_wait_seconds: float = 30.0
+    wake_coalesce_seconds: float = 0.1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> InferenceSettings:
@@ -62,6 +63,7 @@ class InferenceSettings:
             scheduler_batch=env_int(env, "FATURA_SCHEDULER_BATCH", 200, lo=1, hi=10_000),
             wakeup_target=env_int(env, "FATURA_WAKEUP_TARGET", 64, lo=1, hi=100_000),
             slot_wait_seconds=env_float(env, "FATURA_SLOT_WAIT_SECONDS", 30.0, lo=0.0, hi=3600),
+            wake_coalesce_seconds=env_float(env, "FATURA_WAKE_COALESCE_SECONDS", 0.1, lo=0.0, hi=60),
         )
 
     @property

@@ -6,13 +6,24 @@ execution slot and returns, so no broker delivery is held across a model call. W
 message whose handling failed is the ``Redelivery`` middleware's decision (services.common.broker):
 bad messages are dead-lettered with their reason, a message that met a dependency outage comes
 back with backoff.
+
+A requested job's wake-up is a slot of this process that is free now, started at once with no
+message. When none is (the slots are busy, and each claims the next due job in its completion's
+transaction until nothing is due), a ``run`` wake-up goes to whichever worker has a free slot, at
+most one per ``FATURA_WAKE_COALESCE_SECONDS`` from this process: in a burst, one wake-up per job
+was a broker message and, later, an empty claim per job. A job left without a wake-up still runs:
+the busy slots reach it, and the scheduler's top-up sends wake-ups while due jobs outnumber the
+queued ones. A job a slot has already claimed (the ingest often lags the slots in a burst) gets no
+wake-up at all.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import dramatiq
@@ -22,7 +33,9 @@ from services.common import deadletters, events, faults, inbox, logs, readiness,
 from services.common.broker import QuorumRabbitmqBroker, install, make_broker
 from services.common.db import sync_pool
 from services.common.messages import BadMessage, EventMessage, parse_event
+from services.common.queries import load_queries
 from services.common.worker import run_worker, stop_on_signals
+from services.inference import metrics
 from services.inference.executor import Executor
 from services.inference.providers.base import Provider
 from services.inference.providers.gateway import Gateway
@@ -30,8 +43,26 @@ from services.inference.settings import InferenceSettings
 from services.limiter import LimiterClient
 
 log = logging.getLogger(__name__)
+Q = load_queries(Path(__file__).with_name("sql") / "inference.sql")
 
 INGEST_TYPES = frozenset({events.EXTRACTION_REQUESTED, events.EXTRACTION_CANCELLED})
+
+
+class WakeUpGate:
+    """At most one wake-up per interval: ``take()`` is True for the first caller of each."""
+
+    def __init__(self, interval_seconds: float) -> None:
+        self._interval = interval_seconds
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next:
+                return False
+            self._next = now + self._interval
+            return True
 
 
 def queues(prefix: str) -> tuple[str, str]:
@@ -46,6 +77,7 @@ def declare_actors(
     broker: QuorumRabbitmqBroker, settings: InferenceSettings, pool: Any, executor: Executor
 ) -> tuple[dramatiq.Actor[Any, Any], dramatiq.Actor[Any, Any]]:
     ingest_queue, run_queue = queues(settings.common.queue_prefix)
+    gate = WakeUpGate(settings.wake_coalesce_seconds)
     options: dict[str, Any] = {"broker": broker, "max_retries": 0, "time_limit": settings.time_limit_ms}
 
     def run() -> None:
@@ -69,17 +101,36 @@ def declare_actors(
             _ingest(parsed)
 
     def _ingest(parsed: EventMessage) -> None:
+        requested = parsed.event_type == events.EXTRACTION_REQUESTED
         with pool.connection() as conn, conn.transaction():
             received = inbox.take(conn, inbox.EXECUTION, parsed)
+            waits = received is inbox.Received.NEW and requested and _waits(conn, parsed)
         faults.point(settings.common.faults, faults.CRASH_AFTER_INBOX_COMMIT)
         if received is inbox.Received.QUARANTINED:
             raise inbox.conflict(parsed)
-        if received is inbox.Received.NEW and parsed.event_type == events.EXTRACTION_REQUESTED:
-            try:
-                run_actor.send()
-            except (AMQPError, dramatiq.errors.BrokerConnectionError) as exc:
-                # The scheduler's top-up wakes the job anyway; losing a wake-up costs latency only.
-                log.warning("could not send a wake-up for job %s: %s", parsed.job_id, exc)
+        if waits:
+            _wake(parsed)
+        elif received is inbox.Received.NEW and requested:
+            metrics.INGEST_WAKEUPS.labels("already_claimed").inc()
+
+    def _waits(conn: Any, parsed: EventMessage) -> bool:
+        row = conn.execute(Q["job_waits"], {"job_id": parsed.job_id}).fetchone()
+        return bool(row and row["waits"])
+
+    def _wake(parsed: EventMessage) -> None:
+        if executor.wake(wait_seconds=0):
+            metrics.INGEST_WAKEUPS.labels("local").inc()
+            return
+        if not gate.take():
+            metrics.INGEST_WAKEUPS.labels("coalesced").inc()
+            return
+        try:
+            run_actor.send()
+        except (AMQPError, dramatiq.errors.BrokerConnectionError) as exc:
+            # The scheduler's top-up wakes the job anyway; losing a wake-up costs latency only.
+            log.warning("could not send a wake-up for job %s: %s", parsed.job_id, exc)
+            return
+        metrics.INGEST_WAKEUPS.labels("sent").inc()
 
     ingest_actor = dramatiq.actor(actor_name="ingest", queue_name=ingest_queue, **options)(ingest)
     return ingest_actor, run_actor

@@ -25,6 +25,13 @@ SELECT t.tenant_id, tn.weight, tn.max_in_flight, now() AS now,
 FROM t JOIN tenants tn ON tn.id = t.tenant_id
 WHERE t.tenant_id IS NOT NULL
 
+-- name: job_waits
+-- Whether a job the ingest just took in still waits to be claimed: in a burst the slots claim from
+-- this table faster than the ingest takes in the events, and a wake-up for a job already started
+-- would only make a claim that finds nothing.
+SELECT EXISTS (SELECT 1 FROM extraction_jobs
+               WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED')) AS waits
+
 -- name: head_job
 SELECT id, available_at, estimated_tokens, traceparent, fence FROM extraction_jobs
 WHERE tenant_id = %(tenant_id)s AND priority = %(priority)s
