@@ -349,10 +349,13 @@ def test_a_slow_but_healthy_stream_is_committed_and_completes(tmp_path: Path, ch
 def test_a_stream_that_outlives_the_attempt_deadline_is_ended_at_the_deadline(
     tmp_path: Path, ch1: Sim
 ) -> None:
-    # Given a stream whose chunks come 1 s apart, and an attempt with 1.5 s to live
+    # Given a stream whose chunks come 1 s apart, and an attempt with 1.5 s to live (the header
+    # timeout, which also bounds each read, well above both: with the fixtures' 1 s, a read could
+    # time out between two chunks as a connection error just before the deadline)
     ch1.fault("slow_stream", count=1, delay_s=1.0)
     permits = RecordingPermits()
-    result = call(gateway_for(tmp_path, ch1.url), permits, deadline_s=1.5)
+    gateway = gateway_for(tmp_path, ch1.url, FATURA_PROVIDER_HEADER_TIMEOUT_SECONDS="5")
+    result = call(gateway, permits, deadline_s=1.5)
     # Then the attempt ends with the deadline (retryable by the schedule), the permit kept as unknown
     assert result.error_class is ErrorClass.DEADLINE and result.retryable and result.sent
     assert permits.released == [("p1", "UNKNOWN", 0, 0)]

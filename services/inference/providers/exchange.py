@@ -6,11 +6,12 @@ anything the provider or the network does.
 
 Timeouts: waiting for the response headers is bounded by the header timeout or what is left of the
 attempt's deadline, whichever is less; once headers arrive, the watchdog ends the stream at the
-deadline. The stream gate holds the opening frames until one is decisive: content commits the
-hop to this channel, an error frame before any content is a retryable ``STREAM_ERROR`` (the
-gateway fails over), and with nothing decisive after ``stream_gate_s`` the hop is committed
-anyway, because a slow model is not a broken one. After commitment an error ends the attempt
-without failover.
+deadline. The same bound is httpx's read timeout, so it also ends a stream that pauses longer than
+it between two chunks (a connection error, retried by the schedule). The stream gate holds the
+opening frames until one is decisive: content commits the hop to this channel, an error frame
+before any content is a retryable ``STREAM_ERROR`` (the gateway fails over), and with nothing
+decisive after ``stream_gate_s`` the hop is committed anyway, because a slow model is not a broken
+one. After commitment an error ends the attempt without failover.
 """
 
 from __future__ import annotations
