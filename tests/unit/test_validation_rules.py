@@ -461,6 +461,8 @@ def test_a_tax_rate_may_be_a_fraction_of_the_percent_the_document_states() -> No
         '{"schema": "invoice.v1", "schema": "invoice.v1"}',
         '{"schema": "invoice.v1\\u0000"}',  # PostgreSQL cannot store a NUL
         '{"schema": "\\ud800"}',  # nor an unpaired surrogate, escaped
+        '{"schema": "\\uDFFF"}',  # in capitals
+        '{"schema": "invoice.v1", "a\\u0000": 1}',  # nor either in a key
         '{"schema": "\ud800"}',  # or raw
     ],
 )

@@ -24,6 +24,9 @@ from ._model import Verdict
 SCHEMA_PATH = Path(__file__).with_name("invoice.v1.schema.json")
 MAX_MESSAGE_CHARS = 300
 
+# \u0000 and \uD800-\uDFFF, the escapes of a NUL and of a surrogate (a preceding escaped backslash
+# makes a false alarm, which only costs the full walk).
+_UNSTORABLE_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
 # Chat models often wrap JSON in one Markdown code fence despite being told not to; the fence
 # carries nothing, so it is taken off rather than burning a retry on it.
 _CODE_FENCE = re.compile(r"\A\s*```(?:json)?[ \t]*\n(.*)\n```\s*\Z", re.DOTALL | re.IGNORECASE)
@@ -61,7 +64,13 @@ def schema_validator() -> Draft202012Validator:
 
 def parse_invoice(content: str, max_bytes: int) -> dict[str, Any] | Verdict:
     """The parsed, schema-valid invoice, or a ``model_error`` verdict saying what is wrong."""
-    if len(content) > max_bytes or len(content.encode("utf-8", "surrogatepass")) > max_bytes:
+    if len(content) > max_bytes:
+        return Verdict.model_error("too_large", f"the answer is larger than {max_bytes} bytes")
+    try:
+        size, encodes = len(content.encode("utf-8")), True
+    except UnicodeEncodeError:  # an unpaired surrogate
+        size, encodes = len(content.encode("utf-8", "surrogatepass")), False
+    if size > max_bytes:
         return Verdict.model_error("too_large", f"the answer is larger than {max_bytes} bytes")
     fenced = _CODE_FENCE.match(content)
     text = fenced.group(1) if fenced else content
@@ -73,7 +82,10 @@ def parse_invoice(content: str, max_bytes: int) -> dict[str, Any] | Verdict:
         return Verdict.model_error(
             "broken_json", f"the answer is JSON but not an object (got {type(document).__name__})"
         )
-    if not _storable(document):
+    # JSON strings refuse raw control characters, so a NUL or an unpaired surrogate in the parsed
+    # answer comes from an escape or from a raw surrogate in the text; without either, the walk
+    # over every string would find nothing.
+    if (not encodes or _UNSTORABLE_ESCAPE.search(text)) and not _storable(document):
         # PostgreSQL text and jsonb refuse both; storing such a result would fail after the fact.
         return Verdict.model_error("broken_json", "the answer holds a NUL character or an unpaired surrogate")
     try:
