@@ -228,11 +228,10 @@ class Claims:
         row = uow.execute(Q["start_job"], params).fetchone()
         assert row is not None, "the head row is locked by this transaction"
         assert row["text"] is not None, "a claimed job has its document"
-        suppliers = uow.execute(Q["tenant_suppliers"], {"tenant_id": row["tenant_id"]}).fetchall()
         context = ValidationContext(
             source_text=row["text"],
             allowed_currencies=frozenset(row["allowed_currencies"]),
-            suppliers={normalize_tax_id(r["tax_id"]): _supplier(r) for r in suppliers},
+            suppliers={normalize_tax_id(r["tax_id"]): _supplier(r) for r in row["suppliers"]},
         )
         uow.record(
             JobChange(

@@ -42,7 +42,8 @@ FOR UPDATE SKIP LOCKED
 
 -- name: start_job
 -- Starts the locked head job and reads, in the same statement, what its attempt needs: the
--- document's text and the tenant's allowed currencies (no second transaction per job).
+-- document's text, the tenant's allowed currencies and its master suppliers (no second
+-- transaction, nor a second round trip, per job).
 WITH started AS (
     UPDATE extraction_jobs
     SET state = 'RUNNING', state_version = state_version + 1, attempt = attempt + 1, fence = fence + 1,
@@ -52,7 +53,10 @@ WITH started AS (
     RETURNING id, tenant_id, state, state_version, attempt, fence, lease_until, document_id,
               document_version, estimated_tokens, deadline_at, schema_version, priority, traceparent
 )
-SELECT s.*, d.text, t.allowed_currencies
+SELECT s.*, d.text, t.allowed_currencies,
+       (SELECT coalesce(json_agg(json_build_object('tax_id', m.tax_id, 'name', m.name,
+                                                   'iban', m.iban, 'currency', m.currency)), '[]')
+          FROM suppliers m WHERE m.tenant_id = s.tenant_id) AS suppliers
 FROM started s
 LEFT JOIN documents d ON d.tenant_id = s.tenant_id AND d.id = s.document_id AND d.version = s.document_version
 LEFT JOIN tenants t ON t.id = s.tenant_id
@@ -61,9 +65,6 @@ LEFT JOIN tenants t ON t.id = s.tenant_id
 UPDATE extraction_jobs
 SET available_at = greatest(available_at, now() + make_interval(secs => %(seconds)s)), updated_at = now()
 WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED')
-
--- name: tenant_suppliers
-SELECT tax_id, name, iban, currency FROM suppliers WHERE tenant_id = %(tenant_id)s
 
 -- name: complete_job
 UPDATE extraction_jobs
