@@ -95,7 +95,7 @@ def test_a_burst_behind_busy_slots_sends_one_wake_up_and_every_job_still_runs(pi
     worker = pipe.start_worker(FATURA_INFERENCE_CONCURRENCY="1", FATURA_WAKE_COALESCE_SECONDS="60")
     tenant = pipe.make_tenant()
     samples = load_samples()
-    pipe.fault("hang_before_headers", delay_s=4, count=1)
+    pipe.fault("hang_before_headers", delay_s=6, count=1)
     first = pipe.submit(tenant, samples[0].text)
     pipe.wait_state(first, {"RUNNING"}, timeout=30)
     # When five more jobs are accepted while it is busy
