@@ -140,6 +140,22 @@ class Pipeline:
             f"job {job_id} is {self.job(job_id)['state']}, not in {states}, after {timeout}s"
         )
 
+    def published(self, job_id: str) -> bool:
+        """Whether the relay has published every outbox event of the job."""
+        with self.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT bool_and(published_at IS NOT NULL) AS done FROM outbox_events WHERE job_id = %s",
+                (job_id,),
+            ).fetchone()
+        return bool(row and row["done"])
+
+    def reset(self) -> None:
+        """Between two tests of a module: no provider fault, no worker left running."""
+        self.clear_faults()
+        for worker in self.workers:
+            worker.stop()
+        self.workers.clear()
+
     def provider(self, method: str, path: str, **kwargs: Any) -> Any:
         response = httpx.request(method, f"{self.provider_url}{path}", timeout=10.0, **kwargs)
         response.raise_for_status()
@@ -157,6 +173,15 @@ class Pipeline:
 
 
 StartPipeline = Callable[..., Pipeline]
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not met within {timeout}s")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pika
 import pytest
 
 from fix_amqp import AMQP_URL
-from fix_pipeline import TERMINAL, Pipeline, StartPipeline
+from fix_pipeline import TERMINAL, Pipeline, StartPipeline, wait_until
 from services.common.broker import DELIVERY_LIMIT
 from services.limiter.client import LimiterClient
 from services.sandbox.samples import load_samples
@@ -32,12 +32,9 @@ def pipe(pipeline_factory: StartPipeline) -> Iterator[Pipeline]:
 
 @pytest.fixture(autouse=True)
 def clean(pipe: Pipeline) -> Iterator[None]:
-    pipe.clear_faults()
+    pipe.reset()
     yield
-    pipe.clear_faults()
-    for worker in pipe.workers:
-        worker.stop()
-    pipe.workers.clear()
+    pipe.reset()
 
 
 def _purge(queue: str) -> int:
@@ -49,30 +46,12 @@ def _purge(queue: str) -> int:
         connection.close()
 
 
-def _wait(condition: object, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not met within {timeout}s")
-
-
 def _redriven(pipe: Pipeline, kind: str) -> float:
     scheduler = pipe.schedulers[0]
     port = scheduler.env["FATURA_SCHEDULER_METRICS_PORT"]
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     match = re.search(rf'^fatura_reconciler_redriven_total\{{kind="{kind}"\}} (\S+)$', text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
-
-
-def _published(pipe: Pipeline, job_id: str) -> bool:
-    with pipe.pool.connection() as conn:
-        row = conn.execute(
-            "SELECT bool_and(published_at IS NOT NULL) AS done FROM outbox_events WHERE job_id = %s",
-            (job_id,),
-        ).fetchone()
-    return bool(row and row["done"])
 
 
 def _inboxed(pipe: Pipeline, job_id: str) -> int:
@@ -89,7 +68,7 @@ def test_a_requested_event_deleted_from_the_queue_is_published_again_and_the_job
     before = _redriven(pipe, "requested_event")
     tenant = pipe.make_tenant()
     job_id = pipe.submit(tenant, load_samples()[0].text)
-    _wait(lambda: _published(pipe, job_id), what="the relay published the event")
+    wait_until(lambda: pipe.published(job_id), 30, "the relay published the event")
     # When the message is lost (deleted from the queue before any consumer saw it)
     assert _purge(ingest) >= 1
     pipe.start_worker()
@@ -97,7 +76,7 @@ def test_a_requested_event_deleted_from_the_queue_is_published_again_and_the_job
     # reconciler finds a published event no inbox recorded and publishes it again
     job = pipe.wait_state(job_id, TERMINAL, timeout=60)
     assert job["state"] == "SUCCEEDED"
-    _wait(lambda: _inboxed(pipe, job_id) == 1, 30, "the event taken in again")
+    wait_until(lambda: _inboxed(pipe, job_id) == 1, 30, "the event taken in again")
     assert _redriven(pipe, "requested_event") >= before + 1
     assert [a["outcome"] for a in pipe.attempts(job_id)] == ["ok"]
 
@@ -108,7 +87,7 @@ def test_a_due_job_whose_wake_up_was_lost_is_woken_by_the_scheduler(pipe: Pipeli
     before = _redriven(pipe, "job_wakeup")
     tenant = pipe.make_tenant()
     job_id = pipe.submit(tenant, load_samples()[1].text)
-    _wait(lambda: _published(pipe, job_id), what="the relay published the event")
+    wait_until(lambda: pipe.published(job_id), 30, "the relay published the event")
     _purge(f"{prefix}.inference.ingest")
     with pipe.pool.connection() as conn:
         event = conn.execute(
@@ -137,16 +116,16 @@ def test_a_worker_that_loses_its_job_cuts_the_call_and_releases_its_permit(pipe:
     pipe.wait_state(job_id, {"RUNNING"}, timeout=30)
     limiter = LimiterClient(pipe.env["FATURA_LIMITER_ADDRESS"], deadline_ms=2000, settle_deadline_ms=2000)
     try:
-        _wait(lambda: limiter.pool_status("sandbox").in_flight.used == 1, 10, "the call holds a permit")
+        wait_until(lambda: limiter.pool_status("sandbox").in_flight.used == 1, 10, "the call holds a permit")
         # When the tenant cancels the job while the call is in flight
         with pipe.client() as c:
             assert c.post(f"/v1/extraction-jobs/{job_id}:cancel", headers=tenant.headers).status_code == 200
         # Then within a heartbeat the worker cuts the call it no longer owns, and the permit is
         # released, long before the provider would have answered
-        _wait(lambda: limiter.pool_status("sandbox").in_flight.used == 0, 15, "the permit released")
+        wait_until(lambda: limiter.pool_status("sandbox").in_flight.used == 0, 15, "the permit released")
     finally:
         limiter.close()
-    _wait(lambda: pipe.attempts(job_id), 10, "the cut call logged")
+    wait_until(lambda: pipe.attempts(job_id), 10, "the cut call logged")
     (attempt,) = pipe.attempts(job_id)
     assert (attempt["outcome"], attempt["error_class"]) == ("stale", "cancelled")
     job = pipe.job(job_id)
@@ -166,7 +145,7 @@ def test_a_message_that_keeps_killing_its_worker_ends_in_dead_letters_with_its_r
     # after committing the inbox row, before the ack, each time)
     tenant = pipe.make_tenant()
     job_id = pipe.submit(tenant, load_samples()[3].text)
-    _wait(lambda: _published(pipe, job_id), what="the relay published the event")
+    wait_until(lambda: pipe.published(job_id), 30, "the relay published the event")
     with pipe.pool.connection() as conn:
         event = conn.execute("SELECT event_id FROM outbox_events WHERE job_id = %s", (job_id,)).fetchone()
     assert event is not None

@@ -6,13 +6,12 @@ say which wake-ups it made, and every job still runs."""
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from fix_pipeline import TERMINAL, Pipeline, StartPipeline
+from fix_pipeline import TERMINAL, Pipeline, StartPipeline, wait_until
 from fix_processes import ServiceProcess
 from services.common.db import SyncPool
 from services.sandbox.samples import load_samples
@@ -26,12 +25,9 @@ def pipe(pipeline_factory: StartPipeline) -> Iterator[Pipeline]:
 
 @pytest.fixture(autouse=True)
 def clean(pipe: Pipeline) -> Iterator[None]:
-    pipe.clear_faults()
+    pipe.reset()
     yield
-    pipe.clear_faults()
-    for worker in pipe.workers:
-        worker.stop()
-    pipe.workers.clear()
+    pipe.reset()
 
 
 def _counters(worker: ServiceProcess) -> dict[str, float]:
@@ -53,24 +49,6 @@ def _inboxed(pool: SyncPool, job_ids: list[str]) -> int:
             (job_ids,),
         ).fetchone()
     return int(row["n"]) if row else 0
-
-
-def _published(pool: SyncPool, job_id: str) -> bool:
-    with pool.connection() as conn:
-        row = conn.execute(
-            "SELECT bool_and(published_at IS NOT NULL) AS done FROM outbox_events WHERE job_id = %s",
-            (job_id,),
-        ).fetchone()
-    return bool(row and row["done"])
-
-
-def _wait(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not met within {timeout}s")
 
 
 def test_a_job_taken_in_while_a_slot_is_free_starts_that_slot_without_a_broker_wake_up(
@@ -100,7 +78,7 @@ def test_a_burst_behind_busy_slots_sends_one_wake_up_and_every_job_still_runs(pi
     pipe.wait_state(first, {"RUNNING"}, timeout=30)
     # When five more jobs are accepted while it is busy
     burst = [pipe.submit(tenant, samples[0].text) for _ in range(5)]
-    _wait(lambda: _inboxed(pipe.pool, burst) == 5, 30, "the burst taken in")
+    wait_until(lambda: _inboxed(pipe.pool, burst) == 5, 30, "the burst taken in")
     # Then one run wake-up went out for the burst, the others were coalesced into it
     counters = _counters(worker)
     assert counters.get("ingest_wakeups:sent") == 1
@@ -114,13 +92,13 @@ def test_a_job_cancelled_before_its_event_is_taken_in_gets_no_wake_up_and_no_cla
     # Given a job accepted while no worker runs, then cancelled
     tenant = pipe.make_tenant()
     job_id = pipe.submit(tenant, load_samples()[1].text)
-    _wait(lambda: _published(pipe.pool, job_id), 30, "the relay published its requested event")
+    wait_until(lambda: pipe.published(job_id), 30, "the relay published its requested event")
     with pipe.client() as client:
         response = client.post(f"/v1/extraction-jobs/{job_id}:cancel", headers=tenant.headers)
     assert response.status_code == 200
     # When a worker takes its requested event in
     worker = pipe.start_worker()
-    _wait(lambda: _inboxed(pipe.pool, [job_id]) == 1, 30, "the event taken in")
+    wait_until(lambda: _inboxed(pipe.pool, [job_id]) == 1, 30, "the event taken in")
     # Then no slot was started for it: it waits for nothing
     counters = _counters(worker)
     assert counters.get("ingest_wakeups:already_claimed") == 1
