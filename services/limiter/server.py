@@ -71,7 +71,9 @@ async def _watch_redis(store: AsyncRedisStore, checker: health.aio.HealthService
         ):
             log.info("redis reachable again, limiter SERVING")
         last = status
-        for name in ("", SERVICE_NAME):
+        # The service's own name first: whoever sees the server as a whole SERVING finds the
+        # service SERVING too.
+        for name in (SERVICE_NAME, ""):
             await checker.set(name, status)
         await asyncio.sleep(_HEALTH_INTERVAL_S)
 
@@ -145,6 +147,9 @@ async def serve(
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, holder.reload)
 
+    # Known from the first RPC on (NOT_SERVING, not NOT_FOUND) until the first Redis ping answers.
+    for name in (SERVICE_NAME, ""):
+        await checker.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.start()
     watcher = asyncio.create_task(_watch_redis(store, checker))
     log.info(
