@@ -6,6 +6,7 @@ edge, relay, limiter, simulated provider and one inference worker as real proces
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -50,8 +51,10 @@ def test_jobs_a_paced_pool_turned_away_run_when_it_reopens_without_the_scheduler
     # Given a pool paced at one request every 0.25 s with no burst, and no scheduler running
     tenant = pipe.make_tenant()
     text = sample_text("01_tr_kirtasiye_try.txt")
-    # When eight jobs arrive at once, more than the pace lets start together
-    job_ids = [pipe.submit(tenant, text) for _ in range(8)]
+    # When eight jobs arrive at once, more than the pace lets start together (sent side by side: one
+    # after another, a loaded machine could space them wider than the pace)
+    with ThreadPoolExecutor(8) as submitters:
+        job_ids = list(submitters.map(lambda _: pipe.submit(tenant, text), range(8)))
     # Then every one of them ends with its extraction
     for job_id in job_ids:
         assert pipe.wait_state(job_id, {"SUCCEEDED", "REVIEW_REQUIRED"}, timeout=60)["state"] == "SUCCEEDED"
