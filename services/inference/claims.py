@@ -5,7 +5,8 @@ the same short transaction either starts it (``RUNNING``, attempt + 1, fence + 1
 document and master data its attempt reads) or defers it (``available_at`` moved by the limiter's
 retry-after: not an attempt). The limiter call is bounded by the client's deadline; no provider
 call ever happens inside a transaction. A completion that writes an outbox event wakes the relay
-through the worker's coalescing nudge, not with a NOTIFY transaction of its own.
+through the worker's nudge (services/inference/nudge.py): a NOTIFY in its own transaction at most
+once per window, never a NOTIFY transaction per completion.
 
 A completion is conditional on ``state = 'RUNNING' AND fence = :fence AND lease_until > now()``.
 Zero rows updated means ownership was lost: the result is discarded, the job is not touched, and
@@ -21,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
@@ -109,6 +110,16 @@ def request_key(job_id: uuid.UUID, fence: int) -> str:
 Claimed = Started | Deferred | Refused | None
 
 
+class Nudge(Protocol):
+    """How completions wake the relay (services/inference/nudge.py ``RelayNudge``)."""
+
+    def ride(self, conn: Any) -> float | None: ...  # NOTIFY in conn's open transaction, or not
+
+    def carried(self, ride: float) -> None: ...  # the transaction that took it on committed
+
+    def poke(self) -> None: ...  # a commit that took none on
+
+
 @dataclass(frozen=True)
 class Completion:
     """What an attempt ends in: the job's next state and everything written with it."""
@@ -134,10 +145,11 @@ class Claims:
         model: str,
         lease_seconds: float,
         aging_seconds: float,
-        nudge: Callable[[], None] | None = None,
+        nudge: Nudge | None = None,
     ) -> None:
         """``nudge`` wakes the relay after a completion that wrote an outbox event (the worker's
-        coalescing ``RelayNudge.poke``); without it each such completion sends its own NOTIFY."""
+        ``RelayNudge``: a NOTIFY in the completion's own transaction at most once per window, else
+        a coalesced one after it); without it each such completion sends its own NOTIFY."""
         self._pool = pool
         self._nudge = nudge
         self._worker_id = worker_id
@@ -270,12 +282,18 @@ class Claims:
         was written, and a permit its claim was granted is released as not sent.
         """
         acquire, release_unused = claim_next if claim_next else (_no_acquire, _no_release)
+        ride: float | None = None
         with _releasing_on_failure(acquire, release_unused) as acquire_once:
             with self._completion_unit() as uow:
                 written = self._complete(uow, job, completion)
                 claimed = self._claim(uow, acquire_once) if claim_next else None
+                if uow.recorded and self._nudge is not None:
+                    ride = self._nudge.ride(uow.conn)
         if uow.recorded and self._nudge is not None:
-            self._nudge()
+            if ride is not None:
+                self._nudge.carried(ride)
+            else:
+                self._nudge.poke()
         if written is not None:
             # Observed once the transition committed: a rolled-back completion is not an outcome.
             sli.observe_completion(written["priority"], completion.state, written["since_accepted"])

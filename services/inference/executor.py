@@ -80,7 +80,7 @@ class Executor:
             model=settings.model,
             lease_seconds=settings.lease_seconds,
             aging_seconds=settings.priority_aging_seconds,
-            nudge=self._nudge.poke,
+            nudge=self._nudge,
         )
         self._policy = RetryPolicy(
             max_attempts=settings.max_attempts,

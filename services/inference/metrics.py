@@ -29,6 +29,13 @@ INGEST_WAKEUPS = Counter(
     "as a slot had already claimed the job (already_claimed)",
     ["how"],
 )
+RELAY_NUDGES = Counter(
+    "fatura_inference_relay_nudges_total",
+    "How completions woke the relay: NOTIFYs carried in a completion's own transaction (carried), "
+    "NOTIFY transactions for completions that carried none (sent), and completions that carried "
+    "none but a later carried one covered (covered)",
+    ["how"],
+)
 IN_FLIGHT = Gauge("fatura_inference_in_flight", "Jobs this worker process is running now")
 ATTEMPT_SECONDS = Histogram(
     "fatura_inference_attempt_seconds",

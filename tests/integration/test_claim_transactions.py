@@ -1,6 +1,6 @@
 """A job's start and its completion each take one short transaction: the claim reads what the attempt
 needs (document, allowed currencies, master data) with the start, and completions wake the relay
-through one coalesced NOTIFY instead of one transaction each."""
+with a NOTIFY one of their own transactions carries at most once per window, not a transaction each."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
 
 from fix_db import drop_database, recreate_database
+from fix_pipeline import wait_until
 from services.acceptance.tenants import TenantSpec, create_tenant
 from services.common import events, states
 from services.common.db import SyncPool, sync_pool
@@ -83,36 +85,119 @@ def test_a_started_claim_carries_its_document_currencies_and_master_data(fresh_p
     assert [s.name for s in started.context.suppliers.values()] == ["Acme"]
 
 
-def test_a_completion_with_an_outbox_event_wakes_the_relay_through_the_nudge_only(
-    fresh_pool: SyncPool, database_url: str
-) -> None:
-    # Given a started job, a relay listening, and a worker whose completions nudge
-    tenant_id, _ = create_tenant(fresh_pool, TenantSpec(name="nudge"))
-    _queue_job(fresh_pool, tenant_id)
-    nudges: list[int] = []
+class _Nudges:
+    """What a completion told the nudge; it never carries a NOTIFY."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def ride(self, conn: object) -> float | None:
+        self.calls.append("ride")
+        return None
+
+    def carried(self, ride: float) -> None:
+        self.calls.append("carried")
+
+    def poke(self) -> None:
+        self.calls.append("poke")
+
+
+def _counted(how: str) -> float:
+    return REGISTRY.get_sample_value("fatura_inference_relay_nudges_total", {"how": how}) or 0.0
+
+
+def _started_claims(pool: SyncPool, name: str, nudge: object) -> tuple[Claims, list[Started]]:
+    """Claims with ``nudge`` and two started jobs of a new tenant."""
+    tenant_id, _ = create_tenant(pool, TenantSpec(name=name))
+    _queue_job(pool, tenant_id)
+    _queue_job(pool, tenant_id)
     claims = Claims(
-        fresh_pool,
+        pool,
         worker_id="t",
         model="m",
         lease_seconds=60,
         aging_seconds=30,
-        nudge=lambda: nudges.append(1),
+        nudge=nudge,  # type: ignore[arg-type]
     )
-    started = claims.claim(_grant, _never_released)
-    assert isinstance(started, Started)
+    started = [claims.claim(_grant, _never_released) for _ in range(2)]
+    assert all(isinstance(s, Started) for s in started)
+    return claims, started  # type: ignore[return-value]
+
+
+def test_a_completion_that_carries_no_notify_sends_none_of_its_own_and_pokes_the_nudge(
+    fresh_pool: SyncPool, database_url: str
+) -> None:
+    # Given a started job, a relay listening, and a nudge that lets no completion carry a NOTIFY
+    nudge = _Nudges()
+    claims, (started, _) = _started_claims(fresh_pool, "nudge", nudge)
     with psycopg.connect(f"{database_url}_claimtx", autocommit=True) as listener:
         listener.execute("LISTEN fatura_outbox")
         # When the attempt completes with a state that publishes an event
         assert claims.complete(started.job, Completion(states.SUCCEEDED, (), result={"x": 1}))
-        # Then the completion sent no NOTIFY of its own: it nudged once
+        # Then the completion sent no NOTIFY of its own: it poked the nudge once
         assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
-    assert nudges == [1]
+    assert nudge.calls == ["ride", "poke"]
     with fresh_pool.connection() as conn:
         row = conn.execute(
             "SELECT count(*) AS n FROM outbox_events WHERE job_id = %s AND event_type = %s",
             (started.job.job_id, events.EXTRACTION_COMPLETED),
         ).fetchone()
     assert row is not None and row["n"] == 1
+
+
+def test_one_completion_per_window_carries_the_notify_in_its_own_transaction(
+    fresh_pool: SyncPool, database_url: str
+) -> None:
+    # Given two started jobs and the worker's nudge with a long window
+    nudge = RelayNudge(fresh_pool, window=30.0)
+    claims, (first, second) = _started_claims(fresh_pool, "ride", nudge)
+    carried, sent = _counted("carried"), _counted("sent")
+    try:
+        with psycopg.connect(f"{database_url}_claimtx", autocommit=True) as listener:
+            listener.execute("LISTEN fatura_outbox")
+            # When both complete, one right after the other
+            assert claims.complete(first.job, Completion(states.SUCCEEDED, (), result={"x": 1}))
+            heard = list(listener.notifies(timeout=2.0, stop_after=1))
+            assert claims.complete(second.job, Completion(states.SUCCEEDED, (), result={"x": 1}))
+            # Then the first completion's own transaction woke the relay at once (a NOTIFY sent
+            # after the window would come 30 s later), and the second, in the same window, sent none
+            assert [n.channel for n in heard] == ["fatura_outbox"]
+            assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+            assert (_counted("carried") - carried, _counted("sent") - sent) == (1.0, 0.0)
+            # And the second's NOTIFY is sent when the worker stops, not lost
+            nudge.close()
+            assert len(list(listener.notifies(timeout=2.0, stop_after=1))) == 1
+    finally:
+        nudge.close()
+
+
+def test_completions_that_carried_none_get_a_notify_after_the_window_unless_a_later_one_carried_it(
+    fresh_pool: SyncPool, database_url: str
+) -> None:
+    # Given the worker's nudge with a short window, and a relay listening
+    nudge = RelayNudge(fresh_pool, window=0.15)
+    sent, covered = _counted("sent"), _counted("covered")
+    try:
+        with psycopg.connect(f"{database_url}_claimtx", autocommit=True) as listener:
+            listener.execute("LISTEN fatura_outbox")
+            # When a commit carried no NOTIFY and nothing carried one after it
+            nudge.poke()
+            # Then the nudge sends one of its own once the window has passed
+            assert len(list(listener.notifies(timeout=3.0, stop_after=1))) == 1
+            # (counted once its transaction has returned, which may be after the relay heard it)
+            wait_until(lambda: _counted("sent") - sent == 1.0, 5, "the NOTIFY counted as sent")
+            # And when a commit that carried none is followed by one that carried it
+            nudge.poke()
+            with fresh_pool.connection() as conn:
+                ride = nudge.ride(conn)
+            assert ride is not None
+            nudge.carried(ride)
+            # Then the relay hears that NOTIFY only: the one after the window is not sent
+            assert len(list(listener.notifies(timeout=1.0, stop_after=2))) == 1
+    finally:
+        nudge.close()
+    assert _counted("sent") - sent == 1.0
+    assert _counted("covered") - covered == 1.0
 
 
 def test_many_pokes_in_a_burst_send_few_notifies_and_none_is_lost(
@@ -135,7 +220,7 @@ def test_many_pokes_in_a_burst_send_few_notifies_and_none_is_lost(
 
 
 def _claims(pool: SyncPool) -> Claims:
-    return Claims(pool, worker_id="t", model="m", lease_seconds=60, aging_seconds=30, nudge=lambda: None)
+    return Claims(pool, worker_id="t", model="m", lease_seconds=60, aging_seconds=30, nudge=_Nudges())
 
 
 def _state(pool: SyncPool, job_id: uuid.UUID) -> tuple[str, int]:
