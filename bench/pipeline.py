@@ -32,6 +32,7 @@ from bench.ceiling import in_child
 from bench.report import OUT_DIR, load_average, percentile
 from bench.stack import TERMINAL, Stack, add_stack_arguments, limiter_toml, noop_queue
 from services.common.settings import CommonSettings
+from services.inference.settings import InferenceSettings
 
 GOAL_JOBS_PER_SECOND = 300.0
 
@@ -44,7 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="1x8,1x16,2x8,2x16",
         help="worker layouts to try, PROCESSESxCONCURRENCY, comma-separated (default 1x8,1x16,2x8,2x16)",
     )
-    p.add_argument("--threads", type=int, default=2, help="FATURA_INFERENCE_THREADS of each worker")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=InferenceSettings.threads,
+        help=f"FATURA_INFERENCE_THREADS of each worker (default {InferenceSettings.threads}, the service's)",
+    )
     p.add_argument("--noop-messages", type=int, default=6000, help="messages for the no-op actor ceiling")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a layout may take before giving up")
     p.add_argument(

@@ -15,7 +15,9 @@ class InferenceSettings:
     common: CommonSettings
     worker_id: str
     # Dramatiq threads take deliveries (ingest, wake-ups); execution slots make the model calls.
-    threads: int = 2
+    # Their inbox writes share transactions (services/common/groupcommit.py): the more threads,
+    # the more events one transaction takes in during a burst.
+    threads: int = 8
     concurrency: int = 8
     metrics_port: int = 9183
     scheduler_metrics_port: int = 9184
@@ -42,7 +44,7 @@ class InferenceSettings:
         return cls(
             common=CommonSettings.from_env(env),
             worker_id=env_str(env, "FATURA_WORKER_ID", f"{socket.gethostname()}:{os.getpid()}"),
-            threads=env_int(env, "FATURA_INFERENCE_THREADS", 2, lo=1, hi=64),
+            threads=env_int(env, "FATURA_INFERENCE_THREADS", 8, lo=1, hi=64),
             concurrency=env_int(env, "FATURA_INFERENCE_CONCURRENCY", 8, lo=1, hi=1024),
             metrics_port=env_int(env, "FATURA_INFERENCE_METRICS_PORT", 9183, lo=0, hi=65535),
             scheduler_metrics_port=env_int(env, "FATURA_SCHEDULER_METRICS_PORT", 9184, lo=0, hi=65535),

@@ -1,7 +1,9 @@
 """The inference worker process (``fatura run inference-worker``): the ``ingest`` and ``run`` actors.
 
 ``ingest`` records each delivered event in the execution inbox, commits, and only then lets
-Dramatiq ack the message; a requested job also gets a wake-up. ``run`` is a wake-up: it starts an
+Dramatiq ack the message; a requested job also gets a wake-up. The Dramatiq threads' inbox writes
+share transactions (services/common/groupcommit.py): in a burst, one per group instead of one per
+event. ``run`` is a wake-up: it starts an
 execution slot and returns, so no broker delivery is held across a model call. What happens to a
 message whose handling failed is the ``Redelivery`` middleware's decision (services.common.broker):
 bad messages are dead-lettered with their reason, a message that met a dependency outage comes
@@ -32,6 +34,7 @@ from pika.exceptions import AMQPError
 from services.common import deadletters, events, faults, inbox, logs, readiness, tracing
 from services.common.broker import QuorumRabbitmqBroker, install, make_broker
 from services.common.db import sync_pool
+from services.common.groupcommit import GroupCommit
 from services.common.messages import BadMessage, EventMessage, parse_event
 from services.common.queries import load_queries
 from services.common.worker import run_worker, stop_on_signals
@@ -73,8 +76,26 @@ def make_provider() -> Provider:
     return Gateway.from_settings()
 
 
+def take_in(conn: Any, parsed: EventMessage) -> tuple[inbox.Received, bool]:
+    """The ingest's write, inside its (group's) transaction: the event into the execution inbox,
+    and whether the job it requests still waits to be claimed."""
+    received = inbox.take(conn, inbox.EXECUTION, parsed)
+    requested = parsed.event_type == events.EXTRACTION_REQUESTED
+    if received is not inbox.Received.NEW or not requested:
+        return received, False
+    row = conn.execute(Q["job_waits"], {"job_id": parsed.job_id}).fetchone()
+    return received, bool(row and row["waits"])
+
+
+def ingest_group(pool: Any) -> GroupCommit[EventMessage, tuple[inbox.Received, bool]]:
+    return GroupCommit(pool, take_in, name="execution_inbox")
+
+
 def declare_actors(
-    broker: QuorumRabbitmqBroker, settings: InferenceSettings, pool: Any, executor: Executor
+    broker: QuorumRabbitmqBroker,
+    settings: InferenceSettings,
+    executor: Executor,
+    group: GroupCommit[EventMessage, tuple[inbox.Received, bool]],
 ) -> tuple[dramatiq.Actor[Any, Any], dramatiq.Actor[Any, Any]]:
     ingest_queue, run_queue = queues(settings.common.queue_prefix)
     gate = WakeUpGate(settings.wake_coalesce_seconds)
@@ -102,9 +123,7 @@ def declare_actors(
 
     def _ingest(parsed: EventMessage) -> None:
         requested = parsed.event_type == events.EXTRACTION_REQUESTED
-        with pool.connection() as conn, conn.transaction():
-            received = inbox.take(conn, inbox.EXECUTION, parsed)
-            waits = received is inbox.Received.NEW and requested and _waits(conn, parsed)
+        received, waits = group.run(parsed)
         faults.point(settings.common.faults, faults.CRASH_AFTER_INBOX_COMMIT)
         if received is inbox.Received.QUARANTINED:
             raise inbox.conflict(parsed)
@@ -112,10 +131,6 @@ def declare_actors(
             _wake(parsed)
         elif received is inbox.Received.NEW and requested:
             metrics.INGEST_WAKEUPS.labels("already_claimed").inc()
-
-    def _waits(conn: Any, parsed: EventMessage) -> bool:
-        row = conn.execute(Q["job_waits"], {"job_id": parsed.job_id}).fetchone()
-        return bool(row and row["waits"])
 
     def _wake(parsed: EventMessage) -> None:
         if executor.wake(wait_seconds=0):
@@ -151,12 +166,14 @@ def main() -> int:
     ) as pool:
         broker.redelivery.dead_letter = partial(deadletters.record, pool)
         executor = Executor(settings, pool, limiter, provider)
-        declare_actors(broker, settings, pool, executor)
+        group = ingest_group(pool)
+        declare_actors(broker, settings, executor, group)
         ready = readiness.all_of(
             readiness.postgres(pool), readiness.rabbitmq(settings.common.amqp_url), limiter.readiness
         )
 
         def on_stop() -> None:
+            group.close()
             executor.stop()
             provider.close()
             limiter.close()
