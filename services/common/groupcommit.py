@@ -23,7 +23,7 @@ from prometheus_client import Histogram
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from services.common.failures import is_transient
+from services.common.failures import Unavailable, is_transient
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +70,18 @@ class GroupCommit(Generic[T, R]):
         self._thread.start()
 
     def run(self, item: T) -> R:
-        """Write ``item``; returns once its transaction committed, raises what failed it."""
+        """Write ``item``; returns once its transaction committed, raises what failed it. Once the
+        group commit is closed (the process stops), the write fails as transient: its message comes
+        back, to this process or another."""
         entry: _Write[T, R] = _Write(item)
         with self._ready:
             if self._stopping:
-                raise RuntimeError(f"group commit {self._name} is closed")
+                raise Unavailable(f"group commit {self._name} is closed")
             self._queue.append(entry)
             self._ready.notify()
         while not entry.done.wait(_ALIVE_CHECK_SECONDS):
             if not self._thread.is_alive():
-                raise RuntimeError(f"group commit {self._name} stopped before writing")
+                raise Unavailable(f"group commit {self._name} stopped before writing")
         if entry.error is not None:
             raise entry.error
         return entry.result  # type: ignore[return-value]

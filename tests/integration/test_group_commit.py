@@ -18,6 +18,7 @@ import pytest
 
 from fix_pipeline import TERMINAL, Pipeline, StartPipeline, wait_until
 from services.common.db import SyncPool
+from services.common.failures import is_transient
 from services.common.groupcommit import GroupCommit
 from services.sandbox.samples import load_samples
 
@@ -145,6 +146,23 @@ def test_a_dependency_blip_fails_every_write_of_the_group_and_writes_none(pool: 
     finally:
         group.close()
     assert sorted(_rows(pool, table)) == [0]
+
+
+def test_a_write_after_close_fails_as_transient_so_its_message_comes_back(pool: SyncPool, table: str) -> None:
+    # Given a group commit that wrote one write and was then closed (its process is stopping)
+    def write(conn: psycopg.Connection[Any], item: int) -> int:
+        conn.execute(f"INSERT INTO {table} (item, txid) VALUES (%s, 1)", (item,))
+        return item
+
+    group: GroupCommit[int, int] = GroupCommit(pool, write, name="test")
+    assert group.run(1) == 1
+    group.close()
+    # When a late delivery writes
+    with pytest.raises(Exception) as refused:
+        group.run(2)
+    # Then it is refused as a transient failure (redelivered, never dead-lettered), and not written
+    assert is_transient(refused.value)
+    assert sorted(_rows(pool, table)) == [1]
 
 
 @pytest.fixture(scope="module")
