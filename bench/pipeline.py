@@ -352,7 +352,10 @@ def print_results(results: list[LayoutResult], ceiling: Ceiling, out: Path) -> N
             f"  {r.layout:<8} {parts}; {r.transactions_per_job:.1f} transactions/job "
             f"(counted until the ingest took in every job, {r.ingest_lag_seconds:.1f} s after the last ended)"
         )
-    print("worker counters (deferrals, limiter calls past their deadline, claim tries, hops):")
+    print(
+        "worker counters (deferrals, limiter calls past their deadline, claims, hops, wake-ups,"
+        " relay nudges, inbox group commit):"
+    )
     for r in results:
         print(f"  {r.layout:<8} " + ", ".join(f"{k} {v:.0f}" for k, v in r.worker_counters.items()))
     best = max(results, key=lambda r: r.jobs_per_second)

@@ -50,6 +50,9 @@ WORKER_COUNTERS = {
     "fatura_provider_hops": "hops",
     "fatura_inference_stale_completions": "stale_completions",
     "fatura_inference_ingest_wakeups": "wakeups",
+    "fatura_inference_relay_nudges": "relay_nudges",
+    # A histogram: its _count is the group commit's transactions, its _sum the writes in them.
+    "fatura_group_commit_writes": "group_commit",
 }
 
 
@@ -290,7 +293,8 @@ class Stack:
 
     def worker_counters(self) -> dict[str, float]:
         """What the running inference workers counted, summed over them: deferrals by reason, limiter
-        calls past their deadline by method, claim results, hops by outcome, stale completions."""
+        calls past their deadline by method, claim results, hops by outcome, stale completions,
+        wake-ups, relay nudges, and the inbox group commit's transactions and writes."""
         totals: dict[str, float] = {}
         for proc in self.procs:
             if proc.name != "inference-worker":
@@ -300,10 +304,14 @@ class Stack:
                 if family.name not in WORKER_COUNTERS:
                     continue
                 for sample in family.samples:
-                    if not sample.name.endswith("_total"):
+                    if sample.name.endswith("_total"):
+                        part = ""
+                    elif family.type == "histogram" and sample.name.endswith(("_count", "_sum")):
+                        part = ":transactions" if sample.name.endswith("_count") else ":writes"
+                    else:
                         continue
                     labels = ",".join(v for k, v in sorted(sample.labels.items()) if k != "channel")
-                    key = f"{WORKER_COUNTERS[family.name]}{':' + labels if labels else ''}"
+                    key = f"{WORKER_COUNTERS[family.name]}{':' + labels if labels else ''}{part}"
                     totals[key] = totals.get(key, 0.0) + sample.value
         return {k: v for k, v in sorted(totals.items()) if v}
 
