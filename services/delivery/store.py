@@ -43,12 +43,26 @@ def ingest(pool: ConnectionPool[Any], event: EventMessage) -> list[uuid.UUID]:
     and then refused as poison, so it is also a dead letter an operator sees.
     """
     with pool.connection() as conn, conn.transaction():
-        received = inbox.take(conn, inbox.DELIVERY, event)
-        if received is inbox.Received.NEW:
-            return _create_deliveries(conn, event)
+        taken = take_in(conn, event)
+    return to_wake(event, taken)
+
+
+def take_in(conn: Connection[DictRow], event: EventMessage) -> tuple[inbox.Received, list[uuid.UUID]]:
+    """``ingest``'s write, inside the caller's open transaction (the worker's group commit shares
+    one among several events): the inbox, and the deliveries of a new event."""
+    received = inbox.take(conn, inbox.DELIVERY, event)
+    if received is inbox.Received.NEW:
+        return received, _create_deliveries(conn, event)
+    return received, []
+
+
+def to_wake(event: EventMessage, taken: tuple[inbox.Received, list[uuid.UUID]]) -> list[uuid.UUID]:
+    """The deliveries to wake once ``take_in``'s transaction committed; a quarantined event (its
+    quarantine committed) is refused as poison."""
+    received, woken = taken
     if received is inbox.Received.QUARANTINED:
         raise inbox.conflict(event)
-    return []
+    return woken
 
 
 def _create_deliveries(conn: Connection[DictRow], event: EventMessage) -> list[uuid.UUID]:

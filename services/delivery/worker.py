@@ -1,11 +1,12 @@
 """``fatura run delivery-worker``: the Dramatiq actors ``ingest`` and ``deliver`` (DESIGN §2 step 9).
 
 ``ingest`` takes a completion event in (inbox dedup), creates one delivery per matching endpoint
-and wakes ``deliver``. ``deliver`` claims one due delivery under a fence, signs the frozen body,
-POSTs it through the egress guard, and records the attempt under that fence. Messages are
-wake-ups: the database decides what is sent. The model is never called again for a delivery.
-A message whose handling failed is the ``Redelivery`` middleware's to decide (dead letter for a bad
-one, redelivery with backoff when a dependency was away).
+and wakes ``deliver``; the ingest threads' inbox writes share transactions (a group commit).
+``deliver`` claims one due delivery under a fence, signs the frozen body, POSTs it through the
+egress guard, and records the attempt under that fence. Messages are wake-ups: the database decides
+what is sent. The model is never called again for a delivery. A message whose handling failed is
+the ``Redelivery`` middleware's to decide (dead letter for a bad one, redelivery with backoff when a
+dependency was away).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from services.common import deadletters, events, faults, logs, readiness, tracin
 from services.common.broker import QuorumRabbitmqBroker, make_broker
 from services.common.db import SyncPool, sync_pool
 from services.common.failures import is_transient
+from services.common.groupcommit import GroupCommit
+from services.common.inbox import Received
 from services.common.messages import BadMessage, EventMessage, parse_event
 from services.common.worker import run_worker, stop_on_signals
 from services.delivery import metrics, outcomes, signing, store
@@ -100,6 +103,10 @@ class DeliveryWorker:
         self.broker = broker
         self.sender = sender
         self.taken = TakenInBatches()
+        # The ingest threads' inbox writes share transactions (services/common/groupcommit.py).
+        self.inbox: GroupCommit[EventMessage, tuple[Received, list[uuid.UUID]]] = GroupCommit(
+            pool, store.take_in, name="delivery_inbox"
+        )
         prefix = settings.common.queue_prefix
         self.ingest_queue = ingest_queue(prefix)
         self.deliver_queue = deliver_queue(prefix)
@@ -124,8 +131,12 @@ class DeliveryWorker:
         ):
             self._ingest(message)
 
+    def close(self) -> None:
+        """Write what the ingest has queued, then stop taking writes (the process stops)."""
+        self.inbox.close()
+
     def _ingest(self, message: EventMessage) -> None:
-        woken = store.ingest(self.pool, message)
+        woken = store.to_wake(message, self.inbox.run(message))
         try:
             for delivery_id in woken:
                 self.broker.enqueue(deliver_message(self.settings.common.queue_prefix, delivery_id))
@@ -268,6 +279,10 @@ def main() -> int:
         worker.declare()
         ready = readiness.all_of(readiness.postgres(pool), readiness.rabbitmq(settings.common.amqp_url))
 
+        def on_stop() -> None:
+            worker.close()
+            sender.close()
+
         return run_worker(
             broker,
             name="delivery-worker",
@@ -277,5 +292,5 @@ def main() -> int:
             metrics_port=settings.worker_metrics_port,
             ready=ready,
             stop=stop,
-            on_stop=sender.close,
+            on_stop=on_stop,
         )

@@ -36,7 +36,9 @@ def tenant_id(make_tenant: MakeTenant) -> uuid.UUID:
 @pytest.fixture
 def worker(pool: SyncPool, publisher: QuorumRabbitmqBroker) -> Iterator[DeliveryWorker]:
     sender = Sender(EgressGuard(SETTINGS.egress_allow), SETTINGS.limits)
-    yield DeliveryWorker(SETTINGS, pool, publisher, sender)
+    worker = DeliveryWorker(SETTINGS, pool, publisher, sender)
+    yield worker
+    worker.close()
     sender.close()
 
 
@@ -282,4 +284,5 @@ def test_a_batch_to_a_slow_receiver_gives_back_what_it_could_not_start_within_it
         assert worker.deliver_one(ids[sent])
         assert _states(pool, ids)[sent] == ("delivered", 1, 1)
     finally:
+        worker.close()
         sender.close()
