@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from fix_ports import claim_port_range
 
 from services.common.keyring import DEVELOPMENT_KEY
 
@@ -17,11 +18,8 @@ from services.common.keyring import DEVELOPMENT_KEY
 os.environ.setdefault("FATURA_SECRETS_KEY", DEVELOPMENT_KEY)
 
 # Each pytest process (make test runs two) hands out the ports of the processes its tests start
-# from a range of its own, below the kernel's ephemeral ports (32768 and up): a port the kernel
-# picks can be picked again by the other process, or taken by an outgoing connection, before its
-# server binds it (seen once: a chaos run's edge found its port held by another test's server).
-_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % 6
-os.environ.setdefault("FATURA_PORT_RANGE", f"{20000 + 2000 * _WORKER}-{21999 + 2000 * _WORKER}")
+# from a range of its own (tests/fix_ports.py).
+claim_port_range(os.environ)
 
 pytest_plugins = ["fix_db", "fix_processes", "fix_amqp", "fix_api", "fix_pipeline"]
 
