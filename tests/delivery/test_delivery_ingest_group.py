@@ -49,6 +49,8 @@ def test_a_backlog_of_completion_events_is_taken_in_several_to_a_transaction_and
             (job_ids,),
         ).fetchone()
     assert row is not None and (row["events"], row["jobs"]) == (30, 30)
-    # And the 30 events were written in fewer transactions than events
-    assert _group_commit(worker, "sum") == 30
-    assert _group_commit(worker, "count") < 30
+    # And the events were written in fewer transactions than events (the queue is this run's, so
+    # events other tests left in it may be among them)
+    written = _group_commit(worker, "sum")
+    assert written >= 30
+    assert _group_commit(worker, "count") < written
