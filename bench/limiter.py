@@ -18,10 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +41,8 @@ GOAL_PAIRS_PER_S = 3_000
 GOAL_RATIO = 0.8  # of the raw redis-py ceiling in the same run: either this or GOAL_PAIRS_PER_S
 GOAL_P99_MS = 5.0  # pair p99 ...
 GOAL_OPEN_RATE = 1_000.0  # ... in the open loop at this rate
-# Threads the open loop lends LimiterClient: more than the pairs ever in flight at GOAL_OPEN_RATE.
+# The threads the open loop calls LimiterClient from (as the worker's slots do): more than the pairs
+# ever in flight at GOAL_OPEN_RATE.
 OPEN_LOOP_THREADS = 64
 
 
@@ -223,29 +224,34 @@ def threaded_loop(
     return phase
 
 
-async def threaded_open_loop(
+def threaded_open_loop(
     label: str, address: str, pool: str, rate: float, duration: float, meter: CpuMeter, later: bool = False
 ) -> Phase:
-    """Open loop through LimiterClient: each scheduled pair runs on one of OPEN_LOOP_THREADS threads."""
+    """Open loop through LimiterClient, called as the inference worker's slots call it: from its own
+    threads (OPEN_LOOP_THREADS), each sleeping until its share of the schedule comes up."""
     from services.limiter.errors import LimiterError
 
     client, blocking_pair = client_pair(address, pool, later=later)
-    loop = asyncio.get_running_loop()
+    phase = Phase(label, offered=rate)
+    started, lock = [0], threading.Lock()  # pairs started so far, for the progress line
 
-    async def pair(phase: Phase, measuring: bool, at: float | None = None) -> None:
-        t0 = at if at is not None else time.monotonic()
-        try:
-            answered = await loop.run_in_executor(threads, blocking_pair, None)
-        except LimiterError as exc:
-            phase.fail(repr(exc))
-            return
-        phase.record(t0, answered, time.monotonic())
+    def pair(scheduled: float) -> float:
+        with lock:
+            started[0] += 1
+        return blocking_pair(scheduled)
 
-    with ThreadPoolExecutor(OPEN_LOOP_THREADS, thread_name_prefix="bench-limiter") as threads:
-        try:
-            return await open_loop(label, pair, rate, duration, meter)
-        finally:
-            client.close()
+    print(f"{label}: {rate:,.0f} pairs/s offered for {duration:.0f}s", flush=True)
+    try:
+        with meter.window(phase), report.progress(label, lambda: started[0]):
+            calls = load.threaded_open_loop(rate, duration, OPEN_LOOP_THREADS, pair, failures=(LimiterError,))
+            phase.elapsed = calls.seconds
+    finally:
+        client.close()
+    for scheduled, answered, ended in zip(calls.starts, calls.values, calls.ends, strict=True):
+        phase.record(scheduled, answered, ended)
+    for failure in calls.failures:
+        phase.fail(failure)
+    return phase
 
 
 async def open_loop(label: str, pair: PairFn, rate: float, duration: float, meter: CpuMeter) -> Phase:
@@ -521,8 +527,15 @@ async def measure(
         await release_held()
         for label, later in clients:
             phases.append(
-                await threaded_open_loop(
-                    f"{label}, open loop", address, args.pool, rate, args.open_duration, meter, later
+                await asyncio.to_thread(
+                    threaded_open_loop,
+                    f"{label}, open loop",
+                    address,
+                    args.pool,
+                    rate,
+                    args.open_duration,
+                    meter,
+                    later,
                 )
             )
     await channel.close()

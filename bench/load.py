@@ -50,6 +50,62 @@ async def open_loop(
         await asyncio.gather(*tasks)
 
 
+def threaded_open_loop(
+    rate: float,
+    duration: float,
+    threads: int,
+    call: Callable[[float], Any],
+    *,
+    failures: tuple[type[BaseException], ...] = (),
+    start_at: float | None = None,
+) -> Calls:
+    """Blocking ``call(scheduled)`` at ``start_at + i / rate`` for i < rate x duration, each scheduled
+    start on thread ``i % threads`` (which sleeps until then, or starts at once when behind); every
+    start kept is the scheduled one, so a slow answer still counts from its schedule.
+
+    For a blocking client that worker threads call directly (no event loop hands the call to a
+    thread): at most ``threads`` calls are in flight, and a call that outlives ``threads / rate``
+    seconds delays its thread's next start, which the latency from the schedule then shows.
+    """
+    calls, lock = Calls(), threading.Lock()
+    total = int(rate * duration)
+    first = (time.monotonic() + 0.05) if start_at is None else start_at
+    errors: list[BaseException] = []
+
+    def worker(share: int) -> None:
+        kept = Calls()
+        try:
+            for i in range(share, total, threads):
+                scheduled = first + i / rate
+                if (delay := scheduled - time.monotonic()) > 0:
+                    time.sleep(delay)
+                try:
+                    value = call(scheduled)
+                except failures as exc:
+                    kept.failures.append(repr(exc))
+                    continue
+                kept.starts.append(scheduled)
+                kept.ends.append(time.monotonic())
+                kept.values.append(value)
+        except BaseException as exc:
+            errors.append(exc)
+        with lock:
+            calls.starts.extend(kept.starts)
+            calls.ends.extend(kept.ends)
+            calls.values.extend(kept.values)
+            calls.failures.extend(kept.failures)
+
+    pool = [threading.Thread(target=worker, args=(share,), daemon=True) for share in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    calls.seconds = time.monotonic() - first
+    if errors:
+        raise errors[0]
+    return calls
+
+
 # ---------------------------------------------------------------- closed loop, one session per thread
 
 
