@@ -58,3 +58,38 @@ def test_the_delivery_bench_gives_each_process_its_cpu_per_item_largest_first() 
     assert ms == {"delivery-worker": 1.5, "erp": 0.75, "postgres": 0.25}  # idle processes left out
     assert delivery_bench._listed(ms) == "2.50 in all (delivery-worker 1.50, erp 0.75, postgres 0.25)"
     assert delivery_bench._listed({}) == "not measured"
+
+
+def test_the_threaded_open_loop_keeps_each_calls_scheduled_start_and_never_more_in_flight_than_threads() -> (
+    None
+):
+    import threading
+    import time
+
+    from bench import load
+
+    lock, in_flight, most = threading.Lock(), [0], [0]
+    seen: list[float] = []
+
+    def call(scheduled: float) -> float:
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+            seen.append(scheduled)
+            nth = len(seen)
+        if nth % 7 == 0:
+            time.sleep(0.02)  # slower than threads / rate: its thread's next start is late
+        with lock:
+            in_flight[0] -= 1
+        if nth % 10 == 0:
+            raise TimeoutError("refused")
+        return scheduled
+
+    first = time.monotonic()
+    calls = load.threaded_open_loop(400, 0.25, 3, call, failures=(TimeoutError,), start_at=first)
+    schedule = [first + i / 400 for i in range(100)]
+    assert sorted(seen) == schedule  # every scheduled call ran once, handed its own schedule
+    assert list(calls.values) == list(calls.starts)  # the start kept is the scheduled one
+    assert len(calls.starts) + len(calls.failures) == 100 and calls.failures
+    assert all(end >= start for start, end in zip(calls.starts, calls.ends, strict=True))
+    assert most[0] <= 3
