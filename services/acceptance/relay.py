@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import dramatiq
 import psycopg
 from dramatiq.errors import BrokerConnectionError
 from prometheus_client import Counter, Gauge
@@ -91,15 +92,12 @@ class Relay:
         if not rows:
             return 0
         rows.sort(key=lambda r: r["created_at"])
-        published: list[uuid.UUID] = []
-        unpublished: list[uuid.UUID] = []
-        failed = False
+        # Every message of the batch leaves at once and their confirms are waited for together
+        # (QuorumRabbitmqBroker.publish_all): one confirm round trip per batch, not per message.
+        outgoing: list[tuple[dict[str, Any], list[dramatiq.Message[Any]]]] = []
         for row in rows:
             if row["previous_claimer"] is not None:
                 CLAIMS_RECOVERED.inc()
-            if failed:
-                unpublished.append(row["event_id"])
-                continue
             routes = ROUTES.get(row["event_type"])
             if not routes:
                 UNROUTABLE.inc()
@@ -111,32 +109,48 @@ class Relay:
                 # Keep the claim: the event is looked at again only after the claim timeout,
                 # instead of on every sweep.
                 continue
+            messages = [
+                event_message(
+                    queue_name(s.common.queue_prefix, route),
+                    route.actor,
+                    row["payload"],
+                    str(row["event_id"]),
+                )
+                for route in routes
+            ]
+            outgoing.append((row, messages))
+        published: list[uuid.UUID] = []
+        unpublished: list[uuid.UUID] = []
+        failed = False
+        publishing = (
+            (
+                f"publish {row['event_type']}",
+                tracing.valid(row["payload"].get(tracing.TRACEPARENT)),
+                {"messaging.message.id": str(row["event_id"]), "job_id": str(row["payload"].get("job_id"))},
+            )
+            for row, _ in outgoing
+        )
+        with tracing.side_by_side(publishing, kind=tracing.SpanKind.PRODUCER):
             try:
-                with tracing.span(
-                    f"publish {row['event_type']}",
-                    tracing.valid(row["payload"].get(tracing.TRACEPARENT)),
-                    {
-                        "messaging.message.id": str(row["event_id"]),
-                        "job_id": str(row["payload"].get("job_id")),
-                    },
-                    kind=tracing.SpanKind.PRODUCER,
-                ):
-                    for route in routes:
-                        queue = queue_name(s.common.queue_prefix, route)
-                        self.broker.enqueue(
-                            event_message(queue, route.actor, row["payload"], str(row["event_id"]))
-                        )
+                taken = iter(self.broker.publish_all([m for _, messages in outgoing for m in messages]))
             except BrokerConnectionError as exc:
                 PUBLISH_FAILURES.inc()
-                log.warning(
-                    "publishing event %s failed, releasing the rest of the batch: %s", row["event_id"], exc
-                )
+                log.warning("publishing a batch of %d events failed, releasing it: %s", len(outgoing), exc)
+                failed = True
+                taken = iter([False] * sum(len(messages) for _, messages in outgoing))
+        for row, messages in outgoing:
+            # An event is published once every queue it goes to confirmed its message.
+            if all([next(taken) for _ in messages]):
+                published.append(row["event_id"])
+                PUBLISHED.labels(row["event_type"]).inc()
+            else:
+                if not failed:
+                    PUBLISH_FAILURES.inc()
+                    log.warning("RabbitMQ did not take event %s; releasing it", row["event_id"])
                 failed = True
                 unpublished.append(row["event_id"])
-                continue
+        if published:
             faults.point(s.common.faults, faults.CRASH_AFTER_PUBLISH_CONFIRM)
-            published.append(row["event_id"])
-            PUBLISHED.labels(row["event_type"]).inc()
         with self.pool.connection() as conn, conn.transaction():
             if published:
                 conn.execute(Q["mark_published"], {"event_ids": published})

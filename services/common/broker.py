@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import dramatiq
 import pika.exceptions
 from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer
+from dramatiq.common import q_name
 from dramatiq.errors import BrokerConnectionError
 from dramatiq.middleware import (
     AgeLimit,
@@ -41,6 +42,7 @@ from dramatiq.middleware import (
     TimeLimit,
 )
 
+from services.common.confirms import ConfirmChannel, Outgoing
 from services.common.failures import Failure, Poison, classify
 from services.common.settings import CommonSettings
 
@@ -178,6 +180,64 @@ class QuorumRabbitmqBroker(RabbitmqBroker):
         except (pika.exceptions.AMQPError, OSError) as exc:
             del self.connection
             raise BrokerConnectionError(exc) from None  # type: ignore[no-untyped-call]
+
+    def publish_all(self, messages: Sequence[dramatiq.Message[Any]]) -> list[bool]:
+        """Publish ``messages`` together and wait once for all their confirms
+        (``services.common.confirms``); whether RabbitMQ took each one.
+
+        A message it did not take (nacked, or returned because its queue is gone) is False and
+        may be published again; a connection that fails before every confirm came is dropped and,
+        once, a fresh one publishes what was not confirmed. When that fails too, raises
+        ``BrokerConnectionError`` (transient): no confirm seen on it counts.
+        """
+        if not messages:
+            return []
+        taken = [False] * len(messages)
+        for attempt in (1, 2):
+            todo = [i for i, ok in enumerate(taken) if not ok]
+            try:
+                for queue in {messages[i].queue_name for i in todo}:
+                    self.declare_queue(queue, ensure=True)
+                batch = [messages[i] for i in todo]
+                for message in batch:
+                    self.emit_before("enqueue", message, None)
+                with self.reconnecting():
+                    confirmed = self._confirm_channel().publish(
+                        [
+                            Outgoing(
+                                routing_key=m.queue_name,
+                                body=m.encode(),
+                                message_id=m.message_id,
+                                priority=m.options.get("broker_priority"),
+                            )
+                            for m in batch
+                        ]
+                    )
+            except BrokerConnectionError:
+                if attempt == 2:
+                    raise
+                log.info(
+                    "publishing %d messages failed on a stale connection; once more on a fresh one", len(todo)
+                )
+                continue
+            for i, message, ok in zip(todo, batch, confirmed, strict=True):
+                taken[i] = ok
+                if ok:
+                    self.emit_after("enqueue", message, None)
+                else:  # redeclared before the next publish to it, in case it was deleted
+                    self.queues_pending.add(q_name(message.queue_name))
+            break
+        return taken
+
+    def _confirm_channel(self) -> ConfirmChannel:
+        """This thread's confirm channel (``publish_all``), on this thread's connection."""
+        connection = self.connection
+        confirm: ConfirmChannel | None = getattr(self.state, "confirm_channel", None)
+        if confirm is None or confirm.connection is not connection or not confirm.is_open:
+            if confirm is not None:
+                confirm.close()
+            confirm = self.state.confirm_channel = ConfirmChannel(connection)
+        return confirm
 
     def queue_depths(self, queue_name: str) -> tuple[int, int, int]:
         """Ready messages in the queue, its delay queue and its dead-letter queue."""

@@ -20,7 +20,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -142,6 +142,29 @@ def span(
         name, context=parent_context(traceparent), kind=kind, attributes=attributes
     ) as current:
         yield current
+
+
+@contextmanager
+def side_by_side(
+    spans: Iterable[tuple[str, str | None, Attributes]], *, kind: SpanKind = SpanKind.INTERNAL
+) -> Iterator[list[Span]]:
+    """Spans of one step done for several traces at once (the relay's publishes of one batch): for
+    each (name, traceparent, attributes), a child of that traceparent (else of the current span);
+    none is made current, so none nests in another, and all end with the block."""
+    started = [
+        _TRACER.start_span(name, context=parent_context(traceparent), kind=kind, attributes=attributes)
+        for name, traceparent, attributes in spans
+    ]
+    try:
+        yield started
+    except BaseException as exc:
+        for s in started:
+            s.record_exception(exc)
+            s.set_status(trace.StatusCode.ERROR)
+        raise
+    finally:
+        for s in started:
+            s.end()
 
 
 def record_span(
