@@ -49,10 +49,16 @@ def tick(pool: Any, broker: QuorumRabbitmqBroker, settings: DeliverySettings) ->
         due = conn.execute(
             Q["due_wakeups"], {"rewake_seconds": settings.rewake_seconds, "limit": BATCH}
         ).fetchall()
-    # Marked woken before publishing: a publish that fails is retried after rewake_seconds.
-    for row in due:
-        broker.enqueue(deliver_message(settings.common.queue_prefix, row["delivery_id"]))
-    metrics.WAKEUPS.inc(len(due))
+    # Marked woken before publishing: a wake-up RabbitMQ did not take is sent again after
+    # rewake_seconds. They leave together, with one wait for their confirms.
+    taken = broker.publish_all(
+        [deliver_message(settings.common.queue_prefix, row["delivery_id"]) for row in due]
+    )
+    if not all(taken):
+        log.warning(
+            "RabbitMQ did not take %d of %d wake-ups; they are sent again later", taken.count(False), len(due)
+        )
+    metrics.WAKEUPS.inc(taken.count(True))
     rewoken = sum(1 for row in due if row["rewoken"])
     if rewoken:
         reconcile.count("delivery_wakeup", rewoken)

@@ -20,7 +20,6 @@ from functools import partial
 from typing import Any
 
 import dramatiq
-from dramatiq.errors import BrokerConnectionError
 
 from services.common import deadletters, events, faults, logs, readiness, tracing
 from services.common.broker import QuorumRabbitmqBroker, make_broker
@@ -29,6 +28,7 @@ from services.common.failures import is_transient
 from services.common.groupcommit import GroupCommit
 from services.common.inbox import Received
 from services.common.messages import BadMessage, EventMessage, parse_event
+from services.common.wakeups import WakeupPublisher
 from services.common.worker import run_worker, stop_on_signals
 from services.delivery import metrics, outcomes, signing, store
 from services.delivery.egress import EgressGuard
@@ -107,6 +107,7 @@ class DeliveryWorker:
         self.inbox: GroupCommit[EventMessage, tuple[Received, list[uuid.UUID]]] = GroupCommit(
             pool, store.take_in, name="delivery_inbox"
         )
+        self.wakeups = WakeupPublisher(broker, "delivery-wakeups")
         prefix = settings.common.queue_prefix
         self.ingest_queue = ingest_queue(prefix)
         self.deliver_queue = deliver_queue(prefix)
@@ -132,17 +133,18 @@ class DeliveryWorker:
             self._ingest(message)
 
     def close(self) -> None:
-        """Write what the ingest has queued, then stop taking writes (the process stops)."""
+        """Write what the ingest has queued, then stop taking writes, and send the wake-ups still
+        queued (the process stops)."""
         self.inbox.close()
+        self.wakeups.close()
 
     def _ingest(self, message: EventMessage) -> None:
         woken = store.to_wake(message, self.inbox.run(message))
-        try:
-            for delivery_id in woken:
-                self.broker.enqueue(deliver_message(self.settings.common.queue_prefix, delivery_id))
-        except BrokerConnectionError as exc:
-            # The deliveries are committed; the scheduler wakes them after FATURA_DELIVERY_REWAKE_SECONDS.
-            log.warning("could not wake deliver for event %s (%s); the scheduler will", message.event_id, exc)
+        # The deliveries are committed: their wake-ups leave with the other ingest threads' (one
+        # confirm round trip for all), and one that is lost is sent by the scheduler after
+        # FATURA_DELIVERY_REWAKE_SECONDS.
+        prefix = self.settings.common.queue_prefix
+        self.wakeups.send([deliver_message(prefix, delivery_id) for delivery_id in woken])
 
     def deliver(self, delivery_id: Any = None) -> None:
         try:

@@ -190,19 +190,19 @@ class Scheduler:
             return 0
         queued = self._broker.queue_depths(self._run_queue)[0]
         missing = max(0, int(due["due"]) - queued)
-        for _ in range(missing):
-            self._broker.enqueue(
+        wakeup = events.INFERENCE_RUN.actor
+        taken = self._broker.publish_all(
+            [
                 dramatiq.Message(
-                    queue_name=self._run_queue,
-                    actor_name=events.INFERENCE_RUN.actor,
-                    args=(),
-                    kwargs={},
-                    options={},
+                    queue_name=self._run_queue, actor_name=wakeup, args=(), kwargs={}, options={}
                 )
-            )
-        metrics.WAKEUPS.inc(missing)
-        reconcile.count("job_wakeup", missing)
-        return missing
+                for _ in range(missing)
+            ]
+        )
+        sent = taken.count(True)  # the next pass tops up what RabbitMQ did not take
+        metrics.WAKEUPS.inc(sent)
+        reconcile.count("job_wakeup", sent)
+        return sent
 
 
 def _observe_failed(failed: list[dict[str, Any]]) -> None:

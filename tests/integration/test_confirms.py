@@ -1,24 +1,29 @@
-"""Batched publishing with one wait for the confirms (services/common/confirms.py), against the real
-RabbitMQ: what it reports taken is in the queue, what RabbitMQ refused or returned is reported as
-not taken, and a connection cut under it fails the batch and the next one reconnects."""
+"""Batched publishing with one wait for the confirms (services/common/confirms.py) and the wake-up
+publisher built on it (services/common/wakeups.py), against the real RabbitMQ: what it reports taken
+is in the queue, what RabbitMQ refused or returned is reported as not taken, and a connection cut
+under it fails the batch and the next one reconnects."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import dramatiq
 import pika
 import pytest
 from dramatiq.errors import BrokerConnectionError
+from prometheus_client import REGISTRY
 
 from fix_amqp import AMQP_URL
 from services.chaos.proxy import FaultProxy
 from services.common.broker import QuorumRabbitmqBroker, make_broker
 from services.common.confirms import ConfirmChannel, Outgoing
 from services.common.settings import CommonSettings
+from services.common.wakeups import WakeupPublisher
 
 
 @pytest.fixture
@@ -138,3 +143,60 @@ def test_a_connection_cut_under_a_batch_fails_it_and_the_next_batch_reconnects(n
         broker.close()
         proxy.close()
     assert [r["args"] for r in _read(queue)] == [[0], [4], [5], [6]]
+
+
+def _count(queue: str, result: str) -> float:
+    value = REGISTRY.get_sample_value("fatura_wakeups_published_total", {"queue": queue, "result": result})
+    return value or 0.0
+
+
+def test_wakeups_handed_over_by_many_threads_each_arrive_once_and_close_sends_what_is_queued(
+    names: list[str],
+) -> None:
+    queue = _queue(names)
+    broker = _broker()
+    wakeups = WakeupPublisher(broker, "test-wakeups")
+    sent = [[_message(queue, t * 100 + n) for n in range(25)] for t in range(8)]
+    try:
+        threads = [threading.Thread(target=lambda m=m: [wakeups.send([x]) for x in m]) for m in sent]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        wakeups.close()  # returns once every queued wake-up was published
+    finally:
+        broker.close()
+    read = _read(queue)
+    assert sorted(r["message_id"] for r in read) == sorted(m.message_id for batch in sent for m in batch)
+    assert _count(queue, "taken") == 200 and _count(queue, "lost") == 0
+
+
+def test_wakeups_rabbitmq_cannot_be_reached_for_are_counted_lost_and_later_ones_get_through(
+    names: list[str],
+) -> None:
+    queue = _queue(names)
+    proxy = FaultProxy("rabbitmq", "127.0.0.1", 5672)
+    port = proxy.start()
+    broker = _broker(f"amqp://guest:guest@127.0.0.1:{port}/%2F")
+    wakeups = WakeupPublisher(broker, "test-wakeups")
+    try:
+        wakeups.send([_message(queue, 0)])
+        _until(lambda: _count(queue, "taken") == 1)
+        proxy.cut(30)
+        wakeups.send([_message(queue, 1), _message(queue, 2)])
+        _until(lambda: _count(queue, "lost") == 2)
+        proxy.restore()
+        wakeups.send([_message(queue, 3)])
+        _until(lambda: _count(queue, "taken") == 2)
+    finally:
+        wakeups.close()
+        broker.close()
+        proxy.close()
+    assert [r["args"] for r in _read(queue)] == [[0], [3]]
+
+
+def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.05)
