@@ -178,8 +178,12 @@ def run(args: argparse.Namespace) -> int:
                     ],
                 )
             broker = make_broker(stack.common)
-            for event_id, _, _ in events:
-                broker.enqueue(deliver_message(stack.prefix, signing.delivery_id(event_id, endpoint_id)))
+            wakeups = [
+                deliver_message(stack.prefix, signing.delivery_id(e, endpoint_id)) for e, _, _ in events
+            ]
+            for start in range(0, len(wakeups), 256):
+                if not all(broker.publish_all(wakeups[start : start + 256])):
+                    raise SystemExit("RabbitMQ did not take every wake-up; see its log")
             broker.close()
             erp_cpu_before = cpu.process_seconds(erp.pid)
             # The scheduler wakes what the concurrency cap postponed (it should be rare here). All start
