@@ -216,12 +216,7 @@ def threaded_loop(
         )
     finally:
         client.close()
-    for started, answered, ended in zip(calls.starts, calls.values, calls.ends, strict=True):
-        phase.record(started, answered, ended)
-    for failure in calls.failures:
-        phase.fail(failure)
-    phase.elapsed = calls.seconds
-    return phase
+    return _kept(phase, calls)
 
 
 def threaded_open_loop(
@@ -244,13 +239,19 @@ def threaded_open_loop(
     try:
         with meter.window(phase), report.progress(label, lambda: started[0]):
             calls = load.threaded_open_loop(rate, duration, OPEN_LOOP_THREADS, pair, failures=(LimiterError,))
-            phase.elapsed = calls.seconds
     finally:
         client.close()
-    for scheduled, answered, ended in zip(calls.starts, calls.values, calls.ends, strict=True):
-        phase.record(scheduled, answered, ended)
+    return _kept(phase, calls)
+
+
+def _kept(phase: Phase, calls: load.Calls) -> Phase:
+    """``phase`` with the pairs of ``calls``: each started (or scheduled) at its start, its Acquire
+    answered at its value, its Release at its end."""
+    for started, answered, ended in zip(calls.starts, calls.values, calls.ends, strict=True):
+        phase.record(started, answered, ended)
     for failure in calls.failures:
         phase.fail(failure)
+    phase.elapsed = calls.seconds
     return phase
 
 

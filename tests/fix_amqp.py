@@ -22,12 +22,17 @@ STACK_QUEUES = ("inference.ingest", "inference.run", "delivery.ingest", "deliver
 def delete_queues(prefix: str) -> None:
     """Delete the stack's queues under ``prefix``: quorum queues are heavy, and a run must not leave
     hundreds behind on the shared RabbitMQ."""
+    delete_named_queues([f"{prefix}.{queue}" for queue in STACK_QUEUES])
+
+
+def delete_named_queues(names: list[str]) -> None:
+    """Delete each queue named, with the delay and dead-letter queues Dramatiq adds to it."""
     connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
     try:
         channel = connection.channel()
-        for queue in STACK_QUEUES:
+        for name in names:
             for suffix in ("", ".DQ", ".XQ"):
-                channel.queue_delete(f"{prefix}.{queue}{suffix}")
+                channel.queue_delete(f"{name}{suffix}")
     finally:
         connection.close()
 

@@ -18,7 +18,7 @@ import pytest
 from dramatiq.errors import BrokerConnectionError
 from prometheus_client import REGISTRY
 
-from fix_amqp import AMQP_URL
+from fix_amqp import AMQP_URL, delete_named_queues
 from services.chaos.proxy import FaultProxy
 from services.common.broker import QuorumRabbitmqBroker, make_broker
 from services.common.confirms import ConfirmChannel, Outgoing
@@ -31,14 +31,7 @@ def names() -> Iterator[list[str]]:
     """Queue names of this test (each with Dramatiq's .DQ and .XQ), deleted at its end."""
     created: list[str] = []
     yield created
-    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-    try:
-        channel = connection.channel()
-        for name in created:
-            for suffix in ("", ".DQ", ".XQ"):
-                channel.queue_delete(f"{name}{suffix}")
-    finally:
-        connection.close()
+    delete_named_queues(created)
 
 
 def _queue(names: list[str]) -> str:
