@@ -231,7 +231,7 @@ def chart(results: list[RateResult], ceiling: SqlCeiling | None, slo_ms: float) 
     lat.set(xlabel="offered req/s", ylabel="latency from scheduled send (ms)", yscale="log")
     lat.set_title("Latency vs offered rate")
     lat.legend()
-    thr.plot(offered, [r.achieved for r in results], marker="o", label="achieved (202/s)")
+    thr.plot(offered, [r.achieved for r in results], marker="o", label="achieved (202 answers/s)")
     thr.plot(offered, offered, color="grey", linestyle=":", label="offered")
     if ceiling is not None:
         thr.axhline(ceiling.tx_per_second, color="green", linestyle="--", label="psycopg ceiling")
