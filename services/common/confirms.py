@@ -53,13 +53,13 @@ class _Batch:
     first_tag: int  # the delivery tag RabbitMQ gives the batch's first message on this channel
     size: int
     acked: set[int] = field(default_factory=set)  # delivery tags
-    failed: set[int] = field(default_factory=set)  # nacked or returned
     open: set[int] = field(default_factory=set)  # published, neither acked nor nacked yet
 
     def settle(self, tag: int, multiple: bool, ok: bool) -> None:
         settled = {t for t in self.open if t <= tag} if multiple else {tag} & self.open
         self.open -= settled
-        (self.acked if ok else self.failed).update(settled)
+        if ok:
+            self.acked |= settled
 
 
 class ConfirmChannel:

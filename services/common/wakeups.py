@@ -48,15 +48,16 @@ class WakeupPublisher:
         if not messages:
             return
         with self._lock:
-            if self._closing:
-                # Stopping: published here, as the caller would have done without this class.
-                self._publish(list(messages))
-                return
-            self._queue.extend(messages)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-            self._lock.notify()
+            closing = self._closing
+            if not closing:
+                self._queue.extend(messages)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                    self._thread.start()
+                self._lock.notify()
+        if closing:
+            # Stopping: published here (outside the lock), as the caller would have done itself.
+            self._publish(list(messages))
 
     def close(self, timeout_s: float = 10.0) -> None:
         with self._lock:
