@@ -26,8 +26,12 @@ _Q = load_queries(Path(__file__).with_name("sql") / "inbox.sql")
 
 EXECUTION = "execution_inbox"
 DELIVERY = "delivery_inbox"
+# Composed once, as text: a composed query would be rendered again on every execution.
 _QUERIES = {
-    name: {key: sql.SQL(text).format(inbox=sql.Identifier(name)) for key, text in _Q.items()}
+    name: {
+        key: sql.SQL(text.replace("{check}", "{{check}}")).format(inbox=sql.Identifier(name)).as_string(None)
+        for key, text in _Q.items()
+    }
     for name in (EXECUTION, DELIVERY)
 }
 
@@ -44,41 +48,73 @@ class Received(StrEnum):
 
 def take(conn: Connection[Any], inbox: str, event: EventMessage) -> Received:
     """Record ``event`` in ``inbox`` on ``conn``, inside the caller's open transaction."""
-    q = _QUERIES[inbox]
-    params = {
+    params = _params(event)
+    if conn.execute(_QUERIES[inbox]["insert"], params).fetchone() is not None:
+        return _counted(inbox, Received.NEW)
+    return _not_new(conn, inbox, event, params)
+
+
+def take_and_check(conn: Connection[Any], inbox: str, event: EventMessage, check: str) -> tuple[Received, bool]:
+    """``take``, with the consumer's ``check`` (a boolean SQL expression over the event's
+    ``event_id``, ``job_id``, ``event_type`` and ``digest`` parameters, composed once by the caller)
+    evaluated in the same statement; its answer is False unless the event is new."""
+    params = _params(event)
+    query = _checked_queries(inbox, check)
+    row = conn.execute(query, params).fetchone()
+    assert row is not None, "the statement always returns its one row"
+    if row["new"]:
+        return _counted(inbox, Received.NEW), bool(row["checked"])
+    return _not_new(conn, inbox, event, params), False
+
+
+_CHECKED: dict[tuple[str, str], str] = {}
+
+
+def _checked_queries(inbox: str, check: str) -> str:
+    query = _CHECKED.get((inbox, check))
+    if query is None:
+        query = _CHECKED[(inbox, check)] = _QUERIES[inbox]["insert_and_check"].replace("{check}", check)
+    return query
+
+
+def _params(event: EventMessage) -> dict[str, Any]:
+    return {
         "event_id": event.event_id,
         # The inbox's job_id column holds the event's subject: its job, or its batch.
         "job_id": event.subject_id,
         "event_type": event.event_type,
         "digest": event.digest,
     }
-    if conn.execute(q["insert"], params).fetchone() is not None:
-        result = Received.NEW
-    else:
-        stored = conn.execute(q["stored_digest"], params).fetchone()
-        stored_digest = stored["payload_digest"] if stored else ""
-        if stored_digest == event.digest:
-            result = Received.DUPLICATE
-        else:
-            conn.execute(
-                q["quarantine"],
-                {
-                    **params,
-                    "inbox_name": inbox,
-                    "stored_digest": stored_digest,
-                    "payload": Jsonb(event.payload),
-                },
-            )
-            log.error(
-                "%s: event %s arrived again with a different payload (digest %s, stored %s): quarantined",
-                inbox,
-                event.event_id,
-                event.digest,
-                stored_digest,
-            )
-            result = Received.QUARANTINED
+
+
+def _counted(inbox: str, result: Received) -> Received:
     EVENTS.labels(inbox, result.value).inc()
     return result
+
+
+def _not_new(conn: Connection[Any], inbox: str, event: EventMessage, params: dict[str, Any]) -> Received:
+    q = _QUERIES[inbox]
+    stored = conn.execute(q["stored_digest"], params).fetchone()
+    stored_digest = stored["payload_digest"] if stored else ""
+    if stored_digest == event.digest:
+        return _counted(inbox, Received.DUPLICATE)
+    conn.execute(
+        q["quarantine"],
+        {
+            **params,
+            "inbox_name": inbox,
+            "stored_digest": stored_digest,
+            "payload": Jsonb(event.payload),
+        },
+    )
+    log.error(
+        "%s: event %s arrived again with a different payload (digest %s, stored %s): quarantined",
+        inbox,
+        event.event_id,
+        event.digest,
+        stored_digest,
+    )
+    return _counted(inbox, Received.QUARANTINED)
 
 
 def conflict(event: EventMessage) -> BadMessage:

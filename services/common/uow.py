@@ -27,8 +27,23 @@ from services.common.queries import load_queries
 Q = load_queries(Path(__file__).with_name("sql") / "uow.sql")
 
 
-def _fragment(name: str, *, job_id: str, source: str = "") -> str:
-    return Q[name].replace("{job_id}", job_id).replace("{source}", source)
+def _fragment(
+    name: str,
+    *,
+    job_id: str,
+    source: str = "",
+    state_version: str = "%(state_version)s",
+    detail: str = "%(detail)s",
+    payload: str = "%(payload)s",
+) -> str:
+    return (
+        Q[name]
+        .replace("{job_id}", job_id)
+        .replace("{source}", source)
+        .replace("{state_version}", state_version)
+        .replace("{detail}", detail)
+        .replace("{payload}", payload)
+    )
 
 
 # The job's id is a parameter here; in the acceptance it comes from the row the statement inserts.
@@ -46,6 +61,40 @@ def change_ctes(source: str) -> str:
         f"job_event AS ({_fragment('job_event_fragment', job_id='id', source=from_source)}),\n"
         f"outbox_event AS ({_fragment('outbox_event_fragment', job_id='id', source=from_source)})"
     )
+
+
+def versioned_change_ctes(source: str, *, outbox: bool = True, detail: str | None = None) -> str:
+    """The change's job event (and outbox event) as CTEs that take the job's new ``state_version``
+    (and, given ``detail``, the event's detail: a column of ``source``) from the CTE ``source``,
+    which has just written the row and returned them: a statement that changes a job's state embeds
+    these to record the change in the same statement, and records none when ``source`` wrote no row
+    (a fenced write whose fence is stale). The outbox event is written only when the change's
+    ``event_type`` is not null, as ``UnitOfWork.record`` writes it.
+
+    Their parameters are the change's ``JobChange.params()``; its ``state_version`` goes unused,
+    and so does its ``detail`` when ``detail`` is given."""
+    from_source = f"\nFROM {source}"
+    version = f"{source}.state_version"
+    event_detail = f"{source}.{detail}" if detail else "%(detail)s"
+    job_event = _fragment(
+        "job_event_fragment",
+        job_id="%(job_id)s",
+        source=from_source,
+        state_version=version,
+        detail=event_detail,
+    )
+    ctes = [f"job_event AS ({job_event})"]
+    if outbox:
+        # Only a change with an event type publishes (RETRY_SCHEDULED is history only).
+        outbox_event = _fragment(
+            "outbox_event_fragment",
+            job_id="%(job_id)s",
+            source=f"{from_source}\nWHERE %(event_type)s::text IS NOT NULL",
+            state_version=version,
+            payload=f"%(payload)s || jsonb_build_object('state_version', {version})",
+        )
+        ctes.append(f"outbox_event AS ({outbox_event})")
+    return ",\n".join(ctes)
 
 
 Row = dict[str, Any]
@@ -109,6 +158,12 @@ class UnitOfWork:
         self.conn.execute(RECORD_CHANGE, change.params())
         self.recorded.append(change)
         return change.event_id
+
+    def recorded_by_statement(self, change: JobChange) -> None:
+        """``change`` was recorded by the caller's own statement (``versioned_change_ctes``): it is
+        counted as recorded, for the relay's wake-up, without a statement of its own."""
+        if change.event_type is not None:
+            self.recorded.append(change)
 
 
 @contextmanager

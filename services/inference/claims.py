@@ -30,7 +30,7 @@ from psycopg_pool import ConnectionPool
 from services.common import events, sli, states, tracing
 from services.common.ids import new_id
 from services.common.queries import load_queries
-from services.common.uow import JobChange, UnitOfWork, unit_of_work
+from services.common.uow import JobChange, UnitOfWork, unit_of_work, versioned_change_ctes
 from services.inference import metrics
 from services.inference.fairness import TenantLoad, order_tenants, prefer
 from services.inference.providers.base import Hop
@@ -39,6 +39,12 @@ from services.limiter import Denial, Grant, NeverAdmittable
 
 log = logging.getLogger(__name__)
 Q = load_queries(Path(__file__).with_name("sql") / "inference.sql")
+# A start records its RUNNING event (history only: no outbox event) and a completion its change
+# (job and outbox event) in the statement that writes the row (services/common/uow.py).
+Q["start_job"] = Q["start_job"].replace(
+    "{change_ctes}", versioned_change_ctes("started", outbox=False, detail="detail")
+)
+Q["complete_job"] = Q["complete_job"].replace("{change_ctes}", versioned_change_ctes("done"))
 
 EVENT_FOR_STATE: dict[str, str | None] = {
     states.SUCCEEDED: events.EXTRACTION_COMPLETED,
@@ -197,7 +203,7 @@ class Claims:
                 uow.execute(Q["defer_job"], {"job_id": head["id"], "seconds": seconds})
                 metrics.DEFERRALS.labels(decision.reason.value).inc()
                 return Deferred(head["id"], decision.reason.value, decision.retry_after_ms)
-            job, context = self._start(uow, head["id"])
+            job, context = self._start(uow, tenant_id, head["id"])
             return Started(job, decision, context)
         return None
 
@@ -230,9 +236,13 @@ class Claims:
                 return head
         return None
 
-    def _start(self, uow: UnitOfWork, job_id: uuid.UUID) -> tuple[ClaimedJob, ValidationContext]:
+    def _start(
+        self, uow: UnitOfWork, tenant_id: uuid.UUID, job_id: uuid.UUID
+    ) -> tuple[ClaimedJob, ValidationContext]:
+        # The RUNNING change's version and detail (attempt, fence, lease) are the statement's own.
+        change = JobChange(tenant_id, job_id, states.RUNNING, 0, None)
         params = {
-            "job_id": job_id,
+            **change.params(),
             "lease_seconds": self._lease_seconds,
             "worker_id": self._worker_id,
             "model": self._model,
@@ -244,11 +254,6 @@ class Claims:
             source_text=row["text"],
             allowed_currencies=frozenset(row["allowed_currencies"]),
             suppliers={normalize_tax_id(r["tax_id"]): _supplier(r) for r in row["suppliers"]},
-        )
-        uow.record(
-            JobChange(
-                row["tenant_id"], job_id, states.RUNNING, row["state_version"], None, _claim_detail(row)
-            )
         )
         job = ClaimedJob(
             job_id=row["id"],
@@ -308,10 +313,22 @@ class Claims:
         return written is not None, _observed(claimed)
 
     def _complete(self, uow: UnitOfWork, job: ClaimedJob, completion: Completion) -> dict[str, Any] | None:
+        """One statement writes the outcome, the attempt's hops and the change's events when the
+        fence holds, and only the hops (as ``stale``) when it does not."""
+        change = JobChange(
+            job.tenant_id,
+            job.job_id,
+            completion.state,
+            0,  # the statement's own: the version its UPDATE gives the row
+            EVENT_FOR_STATE[completion.state],
+            {"attempt": job.attempt, "error_class": completion.error_class},
+            # Consumers continue from the attempt's span when it is current.
+            traceparent=tracing.current_traceparent() or job.traceparent,
+        )
         params = {
-            "job_id": job.job_id,
+            **change.params(),
             "fence": job.fence,
-            "state": completion.state,
+            "attempt": job.attempt,
             "refund": 1 if completion.refund_attempt else 0,
             "result": Jsonb(dict(completion.result)) if completion.result is not None else None,
             "review_reasons": Jsonb(completion.review_reasons) if completion.review_reasons else None,
@@ -321,25 +338,13 @@ class Claims:
             "policy_version": completion.policy_version,
             "available_at": completion.available_at,
             "terminal": completion.state in states.TERMINAL,
+            "worker_id": self._worker_id[:64],
+            "hops": Jsonb([_hop_fields(hop) for hop in completion.hops]),
         }
         row = uow.execute(Q["complete_job"], params).fetchone()
         if row is None:
-            self._log_hops(uow, job, completion.hops, stale=True)
             return None
-        if not completion.refund_attempt:
-            self._log_hops(uow, job, completion.hops, stale=False)
-        detail = {"attempt": job.attempt, "error_class": completion.error_class}
-        change = JobChange(
-            job.tenant_id,
-            job.job_id,
-            completion.state,
-            row["state_version"],
-            EVENT_FOR_STATE[completion.state],
-            detail,
-            # Consumers continue from the attempt's span when it is current.
-            traceparent=tracing.current_traceparent() or job.traceparent,
-        )
-        uow.record(change)
+        uow.recorded_by_statement(change)
         if completion.state == states.REVIEW_REQUIRED:
             uow.execute(
                 Q["open_review_task"],
@@ -364,32 +369,6 @@ class Claims:
             uow = UnitOfWork(conn)
             with conn.transaction():
                 yield uow
-
-    def _log_hops(self, uow: UnitOfWork, job: ClaimedJob, hops: tuple[Hop, ...], *, stale: bool) -> None:
-        for hop in hops:
-            uow.execute(
-                Q["insert_attempt"],
-                {
-                    "job_id": job.job_id,
-                    "attempt": job.attempt,
-                    "fence": job.fence,
-                    "channel": hop.channel,
-                    "model": hop.model,
-                    "started_at": hop.started_at,
-                    "ended_at": hop.ended_at,
-                    "outcome": "stale" if stale else hop.outcome,
-                    "http_status": hop.http_status,
-                    "error_class": hop.error_class.value if hop.error_class else None,
-                    "retry_after_ms": hop.retry_after_ms,
-                    "input_tokens": hop.input_tokens,
-                    "output_tokens": hop.output_tokens,
-                    "latency_ms": hop.latency_ms,
-                    "error_message": _excerpt(hop.error_message or hop.skip_reason),
-                    "worker_id": self._worker_id[:64],
-                    "time_to_first_token_ms": hop.time_to_first_token_ms,
-                    "inter_token_ms": hop.inter_token_ms,
-                },
-            )
 
     def renew(self, owned: Mapping[uuid.UUID, int]) -> set[uuid.UUID]:
         """Extend the leases of jobs this process still owns; returns the ids it no longer owns."""
@@ -455,5 +434,21 @@ def _supplier(row: Mapping[str, Any]) -> MasterSupplier:
     return MasterSupplier(row["tax_id"], row["name"], row["iban"], row["currency"])
 
 
-def _claim_detail(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {"attempt": row["attempt"], "fence": row["fence"], "lease_until": row["lease_until"].isoformat()}
+def _hop_fields(hop: Hop) -> dict[str, Any]:
+    """A hop as the completion's statement logs it (one element of its jsonb array)."""
+    return {
+        "channel": hop.channel,
+        "model": hop.model,
+        "started_at": hop.started_at.isoformat(),
+        "ended_at": hop.ended_at.isoformat(),
+        "outcome": hop.outcome,
+        "http_status": hop.http_status,
+        "error_class": hop.error_class.value if hop.error_class else None,
+        "retry_after_ms": hop.retry_after_ms,
+        "input_tokens": hop.input_tokens,
+        "output_tokens": hop.output_tokens,
+        "latency_ms": hop.latency_ms,
+        "error_message": _excerpt(hop.error_message or hop.skip_reason),
+        "time_to_first_token_ms": hop.time_to_first_token_ms,
+        "inter_token_ms": hop.inter_token_ms,
+    }

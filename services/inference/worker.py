@@ -79,12 +79,9 @@ def make_provider() -> Provider:
 def take_in(conn: Any, parsed: EventMessage) -> tuple[inbox.Received, bool]:
     """The ingest's write, inside its (group's) transaction: the event into the execution inbox,
     and whether the job it requests still waits to be claimed."""
-    received = inbox.take(conn, inbox.EXECUTION, parsed)
-    requested = parsed.event_type == events.EXTRACTION_REQUESTED
-    if received is not inbox.Received.NEW or not requested:
-        return received, False
-    row = conn.execute(Q["job_waits"], {"job_id": parsed.job_id}).fetchone()
-    return received, bool(row and row["waits"])
+    if parsed.event_type != events.EXTRACTION_REQUESTED:
+        return inbox.take(conn, inbox.EXECUTION, parsed), False
+    return inbox.take_and_check(conn, inbox.EXECUTION, parsed, Q["job_waits"])
 
 
 def ingest_group(pool: Any) -> GroupCommit[EventMessage, tuple[inbox.Received, bool]]:

@@ -1,11 +1,13 @@
 """A job's start and its completion each take one short transaction: the claim reads what the attempt
 needs (document, allowed currencies, master data) with the start, and completions wake the relay
-with a NOTIFY one of their own transactions carries at most once per window, not a transaction each."""
+with a NOTIFY one of their own transactions carries at most once per window, not a transaction each.
+The start and the completion each write their row, hops and events in one statement."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -20,6 +22,7 @@ from services.common.migrate import migrate
 from services.common.settings import CommonSettings
 from services.inference.claims import Claims, Completion, Started
 from services.inference.nudge import RelayNudge
+from services.inference.providers.base import ErrorClass, Hop
 from services.limiter.model import Grant
 
 TEXT = "Invoice INV-1\fTotal 118.00 EUR"
@@ -305,3 +308,129 @@ def test_a_failed_next_claim_gives_its_permit_back_and_leaves_the_outcome_to_be_
     assert _state(fresh_pool, first.job.job_id)[0] == states.RUNNING
     assert claims.complete(first.job, completion)
     assert _state(fresh_pool, first.job.job_id)[0] == states.SUCCEEDED
+
+
+def _hop(outcome: str = "ok", **fields: object) -> Hop:
+    now = datetime.now(UTC)
+    answered: dict[str, object] = {
+        "http_status": 200,
+        "input_tokens": 11,
+        "output_tokens": 7,
+        "latency_ms": 40,
+        "time_to_first_token_ms": 12,
+        "inter_token_ms": 1.5,
+    }
+    return Hop(
+        channel="sim",
+        model="m-1",
+        started_at=now - timedelta(milliseconds=40),
+        ended_at=now,
+        outcome=outcome,
+        **{**answered, **fields},  # type: ignore[arg-type]
+    )
+
+
+def _written(pool: SyncPool, job_id: uuid.UUID) -> tuple[list[dict[str, object]], list[dict[str, object]], list[dict[str, object]]]:
+    with pool.connection() as conn:
+        attempts = conn.execute(
+            "SELECT attempt, fence, outcome, channel, http_status, input_tokens, output_tokens, latency_ms,"
+            " time_to_first_token_ms, inter_token_ms, error_class, error_message, worker_id,"
+            " ended_at - started_at AS took FROM job_attempts WHERE job_id = %s ORDER BY id",
+            (job_id,),
+        ).fetchall()
+        history = conn.execute(
+            "SELECT state, state_version, detail FROM job_events WHERE job_id = %s ORDER BY seq", (job_id,)
+        ).fetchall()
+        outbox = conn.execute(
+            "SELECT event_type, payload FROM outbox_events WHERE job_id = %s ORDER BY created_at, event_id",
+            (job_id,),
+        ).fetchall()
+    return attempts, history, outbox
+
+
+def test_a_start_and_a_completion_each_write_their_row_hops_and_events_in_one_statement(
+    fresh_pool: SyncPool,
+) -> None:
+    # Given a started job
+    tenant_id, _ = create_tenant(fresh_pool, TenantSpec(name="one-statement"))
+    job_id = _queue_job(fresh_pool, tenant_id)
+    claims = _claims(fresh_pool)
+    started = claims.claim(_grant, _never_released)
+    assert isinstance(started, Started)
+    # Then the start recorded its RUNNING event with the attempt, fence and lease it gave the job
+    _, history, outbox = _written(fresh_pool, job_id)
+    assert [(h["state"], h["state_version"]) for h in history] == [
+        (states.RUNNING, started.job.state_version)
+    ]
+    detail = history[0]["detail"]
+    assert isinstance(detail, dict)
+    assert (detail["attempt"], detail["fence"]) == (started.job.attempt, started.job.fence)
+    assert datetime.fromisoformat(str(detail["lease_until"])) > datetime.now(UTC)
+    assert outbox == []
+    # When its attempt succeeds after a failed hop and an answered one
+    failed = _hop("rate_limited", error_class=ErrorClass.RATE_LIMITED, error_message="slow down", http_status=429)
+    assert claims.complete(started.job, Completion(states.SUCCEEDED, (failed, _hop()), result={"x": 1}))
+    # Then both hops are logged as they ended, and the change is in the history and the outbox
+    attempts, history, outbox = _written(fresh_pool, job_id)
+    assert [(a["outcome"], a["http_status"], a["error_class"], a["error_message"]) for a in attempts] == [
+        ("rate_limited", 429, "rate_limited", "slow down"),
+        ("ok", 200, None, None),
+    ]
+    ok = attempts[1]
+    assert (ok["attempt"], ok["fence"], ok["worker_id"]) == (started.job.attempt, started.job.fence, "t")
+    assert (ok["input_tokens"], ok["output_tokens"], ok["latency_ms"]) == (11, 7, 40)
+    assert (ok["time_to_first_token_ms"], ok["inter_token_ms"]) == (12, 1.5)
+    assert ok["took"] == timedelta(milliseconds=40)
+    version = started.job.state_version + 1
+    assert [(h["state"], h["state_version"]) for h in history][-1] == (states.SUCCEEDED, version)
+    assert [(o["event_type"], o["payload"]["state_version"]) for o in outbox] == [  # type: ignore[index]
+        (events.EXTRACTION_COMPLETED, version)
+    ]
+
+
+def test_a_retry_publishes_nothing_a_refunded_attempt_logs_no_hop_and_a_stale_one_logs_its_hops_as_stale(
+    fresh_pool: SyncPool,
+) -> None:
+    # Given a started job whose first attempt is scheduled for a retry
+    tenant_id, _ = create_tenant(fresh_pool, TenantSpec(name="retry-refund-stale"))
+    job_id = _queue_job(fresh_pool, tenant_id)
+    claims = _claims(fresh_pool)
+    first = claims.claim(_grant, _never_released)
+    assert isinstance(first, Started)
+    retry = Completion(
+        states.RETRY_SCHEDULED,
+        (_hop("server_error", error_class=ErrorClass.SERVER_ERROR, http_status=500),),
+        error_class="provider_unavailable",
+        available_at=datetime.now(UTC) - timedelta(seconds=1),
+    )
+    assert claims.complete(first.job, retry)
+    # Then the retry is in the history and not in the outbox
+    attempts, history, outbox = _written(fresh_pool, job_id)
+    assert [h["state"] for h in history] == [states.RUNNING, states.RETRY_SCHEDULED]
+    assert outbox == [] and [a["outcome"] for a in attempts] == ["server_error"]
+    # When the second attempt sent nothing (refunded) and is scheduled again
+    second = claims.claim(_grant, _never_released)
+    assert isinstance(second, Started) and second.job.attempt == 2
+    refunded = Completion(
+        states.RETRY_SCHEDULED,
+        (_hop("skipped", sent=False, skip_reason="breaker_open"),),
+        available_at=datetime.now(UTC) - timedelta(seconds=1),
+        refund_attempt=True,
+    )
+    assert claims.complete(second.job, refunded)
+    # Then it logged no hop and gave its attempt back
+    attempts, _, _ = _written(fresh_pool, job_id)
+    assert [a["outcome"] for a in attempts] == ["server_error"]
+    # And when the next attempt lost its lease to a newer owner before it completed
+    third = claims.claim(_grant, _never_released)
+    assert isinstance(third, Started) and third.job.attempt == 2
+    with fresh_pool.connection() as conn:
+        conn.execute("UPDATE extraction_jobs SET fence = fence + 1 WHERE id = %s", (job_id,))
+    stale = Completion(states.SUCCEEDED, (_hop(),), result={"x": 1})
+    assert not claims.complete(third.job, stale)
+    # Then its call is logged as stale, and no event of it was written
+    attempts, history, outbox = _written(fresh_pool, job_id)
+    assert [(a["outcome"], a["fence"]) for a in attempts] == [("server_error", 1), ("stale", third.job.fence)]
+    assert [h["state"] for h in history] == [states.RUNNING, states.RETRY_SCHEDULED] * 2 + [states.RUNNING]
+    assert outbox == []
+    assert _state(fresh_pool, job_id) == (states.RUNNING, third.job.fence + 1)

@@ -28,9 +28,9 @@ WHERE t.tenant_id IS NOT NULL
 -- name: job_waits
 -- Whether a job the ingest just took in still waits to be claimed: in a burst the slots claim from
 -- this table faster than the ingest takes in the events, and a wake-up for a job already started
--- would only make a claim that finds nothing.
-SELECT EXISTS (SELECT 1 FROM extraction_jobs
-               WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED')) AS waits
+-- would only make a claim that finds nothing. An expression: the inbox's insert evaluates it in its
+-- own statement (services/common/inbox.py, take_and_check).
+EXISTS (SELECT 1 FROM extraction_jobs WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED'))
 
 -- name: head_job
 SELECT id, available_at, estimated_tokens, traceparent, fence FROM extraction_jobs
@@ -41,9 +41,11 @@ LIMIT 1
 FOR UPDATE SKIP LOCKED
 
 -- name: start_job
--- Starts the locked head job and reads, in the same statement, what its attempt needs: the
--- document's text, the tenant's allowed currencies and its master suppliers (no second
--- transaction, nor a second round trip, per job).
+-- Starts the locked head job, records its RUNNING event, and reads, in the same statement, what its
+-- attempt needs: the document's text, the tenant's allowed currencies and its master suppliers (no
+-- second transaction, nor a second round trip, per job). The placeholder below is the RUNNING
+-- change's job event taken from "started" (services/common/uow.py, versioned_change_ctes): its
+-- detail is the attempt, fence and lease the UPDATE just gave the job.
 WITH started AS (
     UPDATE extraction_jobs
     SET state = 'RUNNING', state_version = state_version + 1, attempt = attempt + 1, fence = fence + 1,
@@ -51,8 +53,10 @@ WITH started AS (
         model = %(model)s, updated_at = now()
     WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED')
     RETURNING id, tenant_id, state, state_version, attempt, fence, lease_until, document_id,
-              document_version, estimated_tokens, deadline_at, schema_version, priority, traceparent
-)
+              document_version, estimated_tokens, deadline_at, schema_version, priority, traceparent,
+              jsonb_build_object('attempt', attempt, 'fence', fence, 'lease_until', lease_until) AS detail
+),
+{change_ctes}
 SELECT s.*, d.text, t.allowed_currencies,
        (SELECT coalesce(json_agg(json_build_object('tax_id', m.tax_id, 'name', m.name,
                                                    'iban', m.iban, 'currency', m.currency)), '[]')
@@ -67,18 +71,43 @@ SET available_at = greatest(available_at, now() + make_interval(secs => %(second
 WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED')
 
 -- name: complete_job
-UPDATE extraction_jobs
-SET state = %(state)s, state_version = state_version + 1, lease_until = NULL,
-    attempt = attempt - %(refund)s,
-    result = %(result)s, review_reasons = %(review_reasons)s, error_class = %(error_class)s,
-    error_message = %(error_message)s, usage = fatura_usage_add(usage, %(usage)s),
-    policy_version = coalesce(%(policy_version)s, policy_version),
-    available_at = coalesce(%(available_at)s, available_at),
-    finished_at = CASE WHEN %(terminal)s THEN now() END, updated_at = now(),
-    decided_by = CASE WHEN %(state)s = 'SUCCEEDED' THEN 'model' END
-WHERE id = %(job_id)s AND state = 'RUNNING' AND fence = %(fence)s AND lease_until > now()
-RETURNING tenant_id, state_version, priority,
-          extract(epoch FROM now() - created_at)::float8 AS since_accepted
+-- The fenced completion in one statement: the row's outcome, the attempt's hops (jsonb, one object
+-- per hop) and the change's job and outbox events (the placeholder below, taken from "done"). When the
+-- fence is stale the UPDATE writes nothing, so neither do the events, and the hops are logged with
+-- the outcome "stale"; a refunded attempt (written, refund 1) logs no hops.
+WITH done AS (
+    UPDATE extraction_jobs
+    SET state = %(state)s, state_version = state_version + 1, lease_until = NULL,
+        attempt = attempt - %(refund)s,
+        result = %(result)s, review_reasons = %(review_reasons)s, error_class = %(error_class)s,
+        error_message = %(error_message)s, usage = fatura_usage_add(usage, %(usage)s),
+        policy_version = coalesce(%(policy_version)s, policy_version),
+        available_at = coalesce(%(available_at)s, available_at),
+        finished_at = CASE WHEN %(terminal)s THEN now() END, updated_at = now(),
+        decided_by = CASE WHEN %(state)s = 'SUCCEEDED' THEN 'model' END
+    WHERE id = %(job_id)s AND state = 'RUNNING' AND fence = %(fence)s AND lease_until > now()
+    RETURNING tenant_id, state_version, priority,
+              extract(epoch FROM now() - created_at)::float8 AS since_accepted
+),
+hops AS (
+    INSERT INTO job_attempts (job_id, attempt, fence, channel, model, started_at, ended_at, outcome,
+                              http_status, error_class, retry_after_ms, input_tokens, output_tokens,
+                              latency_ms, error_message, worker_id, time_to_first_token_ms,
+                              inter_token_ms)
+    SELECT %(job_id)s, %(attempt)s, %(fence)s, h.channel, h.model, h.started_at, h.ended_at,
+           CASE WHEN w.written THEN h.outcome ELSE 'stale' END, h.http_status, h.error_class,
+           h.retry_after_ms, h.input_tokens, h.output_tokens, h.latency_ms, h.error_message,
+           %(worker_id)s, h.time_to_first_token_ms, h.inter_token_ms
+    FROM jsonb_to_recordset(%(hops)s) AS h(
+             channel text, model text, started_at timestamptz, ended_at timestamptz, outcome text,
+             http_status integer, error_class text, retry_after_ms integer, input_tokens integer,
+             output_tokens integer, latency_ms integer, error_message text,
+             time_to_first_token_ms integer, inter_token_ms real)
+    CROSS JOIN (SELECT EXISTS (SELECT FROM done) AS written) w
+    WHERE NOT (w.written AND %(refund)s = 1)
+),
+{change_ctes}
+SELECT * FROM done
 
 -- name: open_review_task
 -- A result that did not pass validation waits for a reviewer (DESIGN §5.13): its task is opened
@@ -91,16 +120,6 @@ WITH task AS (
 )
 INSERT INTO review_task_events (task_id, tenant_id, actor, action, detail)
 SELECT id, tenant_id, 'fatura', 'opened', %(detail)s FROM task
-
--- name: insert_attempt
-INSERT INTO job_attempts (job_id, attempt, fence, channel, model, started_at, ended_at, outcome,
-                          http_status, error_class, retry_after_ms, input_tokens, output_tokens,
-                          latency_ms, error_message, worker_id, time_to_first_token_ms,
-                          inter_token_ms)
-VALUES (%(job_id)s, %(attempt)s, %(fence)s, %(channel)s, %(model)s, %(started_at)s, %(ended_at)s,
-        %(outcome)s, %(http_status)s, %(error_class)s, %(retry_after_ms)s, %(input_tokens)s,
-        %(output_tokens)s, %(latency_ms)s, %(error_message)s, %(worker_id)s,
-        %(time_to_first_token_ms)s, %(inter_token_ms)s)
 
 -- name: renew_leases
 UPDATE extraction_jobs j
