@@ -54,7 +54,9 @@ def take(conn: Connection[Any], inbox: str, event: EventMessage) -> Received:
     return _not_new(conn, inbox, event, params)
 
 
-def take_and_check(conn: Connection[Any], inbox: str, event: EventMessage, check: str) -> tuple[Received, bool]:
+def take_and_check(
+    conn: Connection[Any], inbox: str, event: EventMessage, check: str
+) -> tuple[Received, bool]:
     """``take``, with the consumer's ``check`` (a boolean SQL expression over the event's
     ``event_id``, ``job_id``, ``event_type`` and ``digest`` parameters, composed once by the caller)
     evaluated in the same statement; its answer is False unless the event is new."""

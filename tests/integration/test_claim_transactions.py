@@ -330,7 +330,9 @@ def _hop(outcome: str = "ok", **fields: object) -> Hop:
     )
 
 
-def _written(pool: SyncPool, job_id: uuid.UUID) -> tuple[list[dict[str, object]], list[dict[str, object]], list[dict[str, object]]]:
+def _written(
+    pool: SyncPool, job_id: uuid.UUID
+) -> tuple[list[dict[str, object]], list[dict[str, object]], list[dict[str, object]]]:
     with pool.connection() as conn:
         attempts = conn.execute(
             "SELECT attempt, fence, outcome, channel, http_status, input_tokens, output_tokens, latency_ms,"
@@ -368,7 +370,9 @@ def test_a_start_and_a_completion_each_write_their_row_hops_and_events_in_one_st
     assert datetime.fromisoformat(str(detail["lease_until"])) > datetime.now(UTC)
     assert outbox == []
     # When its attempt succeeds after a failed hop and an answered one
-    failed = _hop("rate_limited", error_class=ErrorClass.RATE_LIMITED, error_message="slow down", http_status=429)
+    failed = _hop(
+        "rate_limited", error_class=ErrorClass.RATE_LIMITED, error_message="slow down", http_status=429
+    )
     assert claims.complete(started.job, Completion(states.SUCCEEDED, (failed, _hop()), result={"x": 1}))
     # Then both hops are logged as they ended, and the change is in the history and the outbox
     attempts, history, outbox = _written(fresh_pool, job_id)

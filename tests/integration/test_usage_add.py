@@ -27,7 +27,10 @@ from fix_db import SyncPool
     ],
 )
 def test_usage_adds_member_by_member(
-    pool: SyncPool, total: dict[str, Any] | None, extra: dict[str, Any] | None, expected: dict[str, Any] | None
+    pool: SyncPool,
+    total: dict[str, Any] | None,
+    extra: dict[str, Any] | None,
+    expected: dict[str, Any] | None,
 ) -> None:
     wrap = lambda value: Jsonb(value) if value is not None else None  # noqa: E731
     with pool.connection() as conn:
