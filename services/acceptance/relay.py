@@ -84,7 +84,9 @@ class Relay:
     def relay_once(self) -> int:
         """Claim, publish and mark one batch. Returns how many events were claimed."""
         s = self.settings
-        with self.pool.connection() as conn, conn.transaction():
+        # Each statement here is a transaction of its own (the claim, then the marks): on the
+        # relay's autocommit pool a statement costs one round trip, with no BEGIN and COMMIT.
+        with self.pool.connection() as conn:
             rows = conn.execute(
                 Q["claim_batch"],
                 {"limit": s.batch_size, "claim_seconds": s.claim_timeout_seconds, "relay_id": s.relay_id},
@@ -151,7 +153,7 @@ class Relay:
                 unpublished.append(row["event_id"])
         if published:
             faults.point(s.common.faults, faults.CRASH_AFTER_PUBLISH_CONFIRM)
-        with self.pool.connection() as conn, conn.transaction():
+        with self.pool.connection() as conn:
             if published:
                 conn.execute(Q["mark_published"], {"event_ids": published})
             if unpublished:
@@ -262,7 +264,10 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     broker = make_broker(settings.common)
-    with sync_pool(settings.common, name="relay", max_size=3, role="relay", db_role="fatura_relay") as pool:
+    # Autocommit: every statement of the relay's is one transaction by itself, or opens its own.
+    with sync_pool(
+        settings.common, name="relay", max_size=3, role="relay", autocommit=True, db_role="fatura_relay"
+    ) as pool:
         relay = Relay(settings, pool, broker, EventSettings.from_env())
         ready = readiness.all_of(readiness.postgres(pool), readiness.rabbitmq(settings.common.amqp_url))
         ops = start_ops_server(settings.metrics_port, ready) if settings.metrics_port else None
