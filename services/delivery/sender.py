@@ -9,6 +9,7 @@ Whatever the receiver answers becomes an ``AttemptResult``: a status, or an erro
 
 from __future__ import annotations
 
+import http.cookiejar
 import ssl
 import threading
 import time
@@ -166,6 +167,18 @@ class _Transport(httpx.HTTPTransport):
         )
 
 
+class _NoCookies(http.cookiejar.CookieJar):
+    """A jar that keeps nothing: one tenant's receiver must not set what the sender then sends with
+    deliveries to another's endpoint on the same origin (the clients are per origin, not per
+    endpoint), and a webhook has no session to keep."""
+
+    def extract_cookies(self, response: typing.Any, request: typing.Any) -> None:
+        return None
+
+    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:
+        return None
+
+
 class Sender:
     """Thread-safe: one per process, shared by the worker threads.
 
@@ -202,6 +215,7 @@ class Sender:
                 ),
                 follow_redirects=False,
                 trust_env=False,
+                cookies=_NoCookies(),
                 timeout=httpx.Timeout(
                     connect=lim.connect_timeout, read=lim.read_timeout, write=lim.read_timeout, pool=5.0
                 ),

@@ -9,7 +9,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -256,3 +256,39 @@ def test_each_sending_thread_keeps_its_own_connection_and_close_ends_every_one()
         sender.close()
         server.shutdown()
         server.server_close()
+
+
+class _CookieSetter(BaseHTTPRequestHandler):
+    """Answers every POST 200 and asks the client to keep a cookie; records the Cookie header sent."""
+
+    seen: ClassVar[list[str | None]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        type(self).seen.append(self.headers.get("cookie"))
+        self.send_response(200)
+        self.send_header("set-cookie", f"session=tenant-{len(type(self).seen)}; Path=/")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_cookie_one_receiver_sets_is_never_sent_with_a_later_delivery() -> None:
+    # Given a receiver that sets a cookie on every answer, registered by two endpoints on one origin
+    _CookieSetter.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _CookieSetter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    sender = Sender(EgressGuard(parse_allow(["127.0.0.1/32"])), SendLimits())
+    try:
+        # When one endpoint's delivery, then the other's, then the first's again are sent
+        for path in ("/tenant-a", "/tenant-b", "/tenant-a"):
+            assert sender.post(base + path, {"content-type": "application/json"}, b"{}").status == 200
+    finally:
+        sender.close()
+        server.shutdown()
+        server.server_close()
+    # Then none of them carried a cookie: a receiver's cookie is not replayed to anyone's endpoint
+    assert _CookieSetter.seen == [None, None, None]
