@@ -202,6 +202,26 @@ def test_a_span_over_a_whole_page_is_too_wide_to_be_evidence_for_one_value() -> 
 
 
 @pytest.mark.parametrize(
+    ("filler", "too_wide"),
+    [
+        # 64 characters beside the value: the slack, still evidence for one value
+        (" " + "x" * 63, False),
+        # one more is too wide
+        (" " + "x" * 64, True),
+        # 40 code points that NFKC reads as 80 letters (the "fi" ligature): too wide, though the
+        # span is shorter than the slack before normalizing
+        (" " + "\ufb01" * 40, True),
+    ],
+)
+def test_a_span_is_too_wide_by_its_normalized_length(filler: str, too_wide: bool) -> None:
+    text = TWO_PAGES + "\f" + "KO-7" + filler + "\n"
+    answer = extraction(text)
+    answer["evidence"]["/invoice_number"] = {"page": 3, "start": 0, "end": len("KO-7" + filler)}
+    expected = [("evidence_missing", "span_too_wide")] if too_wide else []
+    assert evidence_of(judge(answer, text), "/invoice_number") == expected
+
+
+@pytest.mark.parametrize(
     ("printed", "value", "states"),
     [
         ("1.234,56", "1234.56", True),

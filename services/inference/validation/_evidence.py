@@ -29,6 +29,8 @@ _NUMBER = re.compile(r"\d+(?:[.,'\u2019\u00a0\u202f]\d+)*")
 # French and Swiss layouts group thousands with a plain space ("1 234,56"); tried as a second reading.
 _SPACED_NUMBER = re.compile(r"\d{1,3}(?: \d{3})+(?:[.,]\d+)?")
 _DIGITS = re.compile(r"\d+")
+_DIGIT = re.compile(r"\d")
+_NON_DIGIT = re.compile(r"\D")
 _WORD = re.compile(r"[^\W\d_]+")
 
 MONTHS: tuple[tuple[str, ...], ...] = (
@@ -63,6 +65,8 @@ def normalize_space(text: str) -> str:
 
 def skeleton(text: str) -> str:
     """Case-, accent- and whitespace-blind form for comparing names ("KIRTASİYE" ~ "Kırtasiye")."""
+    if text.isascii():  # nothing to decompose or strip, and casefold is lower (most spans)
+        return _SPACE.sub(" ", text.lower()).strip()
     decomposed = unicodedata.normalize("NFKD", text)
     bare = "".join(c for c in decomposed if not unicodedata.combining(c))
     return _SPACE.sub(" ", bare.replace("ı", "i").casefold()).strip()
@@ -79,21 +83,21 @@ def number_readings(text: str) -> set[Decimal]:
 
 def _token_readings(token: str) -> Iterator[Decimal]:
     if _grouped(token):
-        yield Decimal(re.sub(r"\D", "", token))
+        yield Decimal(_NON_DIGIT.sub("", token))
     for point in ".,":
         whole, sep, fraction = token.rpartition(point)
         if sep and fraction.isdigit() and point not in whole and _grouped(whole):
-            yield Decimal(re.sub(r"\D", "", whole) + "." + fraction)
+            yield Decimal(_NON_DIGIT.sub("", whole) + "." + fraction)
 
 
 def _grouped(token: str) -> bool:
     """Digits, optionally in thousands groups with one kind of separator."""
-    separators = set(re.sub(r"\d", "", token))
-    if not separators:
-        return token.isdigit()
-    if len(separators) > 1:
-        return False
-    head, *groups = re.split(r"\D", token)
+    if token.isdecimal():  # only digits, as \d reads them: the common case
+        return True
+    separators = set(_DIGIT.sub("", token))
+    if len(separators) != 1:
+        return not separators and token.isdigit()
+    head, *groups = _NON_DIGIT.split(token)
     return 1 <= len(head) <= 3 and all(len(g) == 3 for g in groups)
 
 
@@ -218,7 +222,7 @@ def _unsupported(
     if text is None:
         problem = "span_out_of_range"
         message = f"the evidence span of {pointer} names no text: {span_problem(pages, span)}"
-    elif len(normalize_space(text)) > len(normalize_space(str(value))) + SPAN_SLACK_CHARS:
+    elif _too_wide(text, str(value)):
         problem = "span_too_wide"
         message = (
             f"the evidence span of {pointer} ({_place(span)}) is {len(text)} characters long; "
@@ -231,6 +235,14 @@ def _unsupported(
         return None
     detail = {"problem": problem, "value": value, "span": dict(span), "text": text}
     return Reason("evidence_missing", pointer, message, detail)
+
+
+def _too_wide(text: str, value: str) -> bool:
+    # An ASCII text of at most the slack cannot be wider than any value plus the slack (NFKC and
+    # the whitespace runs only shorten ASCII); the common case skips normalizing both.
+    if len(text) <= SPAN_SLACK_CHARS and text.isascii():
+        return False
+    return len(normalize_space(text)) > len(normalize_space(value)) + SPAN_SLACK_CHARS
 
 
 def _place(span: Mapping[str, Any]) -> str:

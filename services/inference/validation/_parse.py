@@ -101,12 +101,15 @@ def parse_invoice(content: str, max_bytes: int) -> dict[str, Any] | Verdict:
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     # A repeated key means two answers for one field; Python would silently keep the last one.
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
+    out = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
             raise _BrokenJson(f"the key {key!r} appears twice in one object")
-        out[key] = value
-    return out
+        seen.add(key)
+    raise AssertionError("a shorter dict has a repeated key")  # pragma: no cover
 
 
 def _storable(document: dict[str, Any]) -> bool:

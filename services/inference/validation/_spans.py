@@ -23,7 +23,9 @@ def span_problem(pages: Sequence[str], span: object) -> str | None:
     if not isinstance(span, Mapping):
         return "the span is not an object with page, start and end"
     page, start, end = span.get("page"), span.get("start"), span.get("end")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (page, start, end)):
+    if not (type(page) is int and type(start) is int and type(end) is int) and not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in (page, start, end)
+    ):
         return "page, start and end must be whole numbers"
     assert isinstance(page, int) and isinstance(start, int) and isinstance(end, int)
     if not 1 <= page <= len(pages):
