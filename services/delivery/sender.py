@@ -9,7 +9,6 @@ Whatever the receiver answers becomes an ``AttemptResult``: a status, or an erro
 
 from __future__ import annotations
 
-import http.cookiejar
 import ssl
 import threading
 import time
@@ -167,22 +166,17 @@ class _Transport(httpx.HTTPTransport):
         )
 
 
-class _NoCookies(http.cookiejar.CookieJar):
-    """A jar that keeps nothing: one tenant's receiver must not set what the sender then sends with
-    deliveries to another's endpoint on the same origin (the clients are per origin, not per
-    endpoint), and a webhook has no session to keep."""
-
-    def extract_cookies(self, response: typing.Any, request: typing.Any) -> None:
-        return None
-
-    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:
-        return None
+# The headers an ``httpx.Client`` would add (the sender sends through the transport itself).
+_DEFAULT_HEADERS = {"accept": "*/*", "connection": "keep-alive"}
 
 
 class Sender:
     """Thread-safe: one per process, shared by the worker threads.
 
-    Each thread keeps its own kept-alive client per origin. A thread sends one request at a time,
+    Each thread keeps its own kept-alive transport per origin, and sends through it without an
+    ``httpx.Client``: no cookie jar (a cookie one tenant's receiver sets must not go with deliveries
+    to another's endpoint on the same origin), no redirects, no proxy from the environment, and a
+    third less CPU per POST. A thread sends one request at a time,
     so it never needs more than its one connection; a pool shared by the threads made them queue
     on its lock (httpcore checks every idle connection's socket under it), which took half of
     the worker threads' time in the delivery bench."""
@@ -192,47 +186,39 @@ class Sender:
         self.limits = limits
         self._verify = verify  # the system's CAs; tests pass a context that trusts their own
         self._local = threading.local()
-        self._every: list[OrderedDict[tuple[str, str, int], httpx.Client]] = []  # each thread's clients
+        self._timeout = httpx.Timeout(
+            connect=limits.connect_timeout, read=limits.read_timeout, write=limits.read_timeout, pool=5.0
+        ).as_dict()
+        self._every: list[OrderedDict[tuple[str, str, int], _Transport]] = []  # every thread's
         self._lock = threading.Lock()
 
-    def _client(self, vetted: Vetted) -> httpx.Client:
-        # One client per registered origin: an HTTPS connection opened for one host name (SNI,
+    def _transport(self, vetted: Vetted) -> _Transport:
+        # One transport per registered origin: an HTTPS connection opened for one host name (SNI,
         # certificate) is never reused for another host on the same address.
         key = (vetted.target.scheme, vetted.target.host, vetted.target.port)
-        clients: OrderedDict[tuple[str, str, int], httpx.Client] | None = getattr(
-            self._local, "clients", None
+        transports: OrderedDict[tuple[str, str, int], _Transport] | None = getattr(
+            self._local, "transports", None
         )
-        if clients is None:
-            clients = self._local.clients = OrderedDict()
+        if transports is None:
+            transports = self._local.transports = OrderedDict()
             with self._lock:
-                self._every.append(clients)
-        client = clients.get(key)
-        if client is None:
-            lim = self.limits
-            client = httpx.Client(
-                transport=_Transport(
-                    self._verify, httpx.Limits(max_connections=2, max_keepalive_connections=1)
-                ),
-                follow_redirects=False,
-                trust_env=False,
-                cookies=_NoCookies(),
-                timeout=httpx.Timeout(
-                    connect=lim.connect_timeout, read=lim.read_timeout, write=lim.read_timeout, pool=5.0
-                ),
-            )
+                self._every.append(transports)
+        transport = transports.get(key)
+        if transport is None:
+            transport = _Transport(self._verify, httpx.Limits(max_connections=2, max_keepalive_connections=1))
         with self._lock:  # close() may be clearing them
-            clients[key] = client
-            clients.move_to_end(key)
-            while len(clients) > _MAX_CLIENTS:
-                clients.popitem(last=False)[1].close()
-        return client
+            transports[key] = transport
+            transports.move_to_end(key)
+            while len(transports) > _MAX_CLIENTS:
+                transports.popitem(last=False)[1].close()
+        return transport
 
     def close(self) -> None:
         with self._lock:
-            for clients in self._every:
-                for client in clients.values():
-                    client.close()
-                clients.clear()
+            for transports in self._every:
+                for transport in transports.values():
+                    transport.close()
+                transports.clear()
 
     def post(self, url: str, headers: dict[str, str], body: bytes) -> AttemptResult:
         """POST ``body`` (the exact signed bytes) and describe what happened.
@@ -278,13 +264,15 @@ class Sender:
         ip = vetted.address
         host = f"[{ip}]" if ip.version == 6 else str(ip)
         request_url = f"{target.scheme}://{host}:{target.port}{target.path}"
-        extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
-        client = self._client(vetted)
-        request = client.build_request(
+        extensions: dict[str, typing.Any] = {"timeout": self._timeout}
+        if target.scheme == "https":
+            extensions["sni_hostname"] = target.host
+        request = httpx.Request(
             "POST",
             request_url,
             content=body,
             headers={
+                **_DEFAULT_HEADERS,
                 **headers,
                 "host": target.host_header,
                 "user-agent": "fatura-webhooks/1",
@@ -292,7 +280,7 @@ class Sender:
             },
             extensions=extensions,
         )
-        response = client.send(request, stream=True)
+        response = self._transport(vetted).handle_request(request)
         try:
             data = self._read_capped(response)
             status = response.status_code
