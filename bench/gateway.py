@@ -22,6 +22,8 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from bench import report, resources
 from bench.procs import Proc, spawn
 from bench.report import percentile
@@ -31,7 +33,7 @@ from services.inference.providers.base import PermitDenied, PermitGranted, Provi
 from services.inference.providers.breaker_store import RedisBreakers, connect
 from services.inference.providers.catalog import parse_catalog
 from services.inference.providers.exchange import request_body
-from services.inference.providers.gateway import Gateway, http_client
+from services.inference.providers.gateway import Gateway, http_transport
 from services.inference.providers.settings import GatewaySettings
 from services.sandbox.samples import SAMPLES_DIR
 
@@ -106,7 +108,7 @@ def measure_calls(
     breakers = RedisBreakers(connect(redis_url), prefix, base_settings.breaker, healthy_cache_ms=cache_ms)
     gateway = Gateway(catalog, base_settings, breakers)
     uncached = RedisBreakers(connect(redis_url), prefix, base_settings.breaker)
-    bare_client = http_client(base_settings)
+    bare_client = httpx.Client(transport=http_transport(base_settings), follow_redirects=False)
     text = (SAMPLES_DIR / "01_tr_kirtasiye_try.txt").read_text(encoding="utf-8")
     request = ProviderRequest(MODEL, build_messages(text, nonce="0" * 16), 2048, 30.0, "bench:1")
     body = request_body(channel, request)

@@ -63,14 +63,14 @@ HOP_SECONDS = Histogram(
 )
 
 
-def http_client(settings: GatewaySettings) -> httpx.Client:
-    """The process's pooled client. ``retries=0``: httpx's only retry is of failed connects, and
-    retries live in one layer, the database's schedule."""
+def http_transport(settings: GatewaySettings) -> httpx.HTTPTransport:
+    """The process's connection pool; hops send through it without an ``httpx.Client``, so no
+    redirect is followed and no cookie kept. ``retries=0``: httpx's only retry is of failed
+    connects, and retries live in one layer, the database's schedule."""
     limits = httpx.Limits(
         max_connections=settings.max_connections, max_keepalive_connections=settings.max_connections
     )
-    transport = cancellable_transport(retries=0, limits=limits)
-    return httpx.Client(transport=transport, follow_redirects=False)
+    return cancellable_transport(retries=0, limits=limits)
 
 
 class Gateway:
@@ -81,12 +81,12 @@ class Gateway:
         catalog: Catalog,
         settings: GatewaySettings,
         breakers: RedisBreakers,
-        client: httpx.Client | None = None,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.catalog = catalog
         self.settings = settings
         self.breakers = breakers
-        self._client = client or http_client(settings)
+        self._transport = transport or http_transport(settings)
         self._watchdog = Watchdog()
 
     @classmethod
@@ -102,7 +102,7 @@ class Gateway:
         return cls(load_catalog(settings), settings, breakers)
 
     def close(self) -> None:
-        self._client.close()
+        self._transport.close()
 
     def complete(self, request: ProviderRequest, permits: Permits) -> ProviderResult:
         chain = self.catalog.chain(request.model)
@@ -156,7 +156,12 @@ class Gateway:
     ) -> tuple[HopOutcome, Hop]:
         started_at, t0, sent_at = datetime.now(UTC), time.perf_counter(), time.monotonic()
         outcome = exchange(
-            self._client, channel, request, deadline=deadline, settings=self.settings, watchdog=self._watchdog
+            self._transport,
+            channel,
+            request,
+            deadline=deadline,
+            settings=self.settings,
+            watchdog=self._watchdog,
         )
         elapsed = time.perf_counter() - t0
         ended_at = datetime.now(UTC)
