@@ -34,6 +34,7 @@ from services.common.uow import JobChange, UnitOfWork, unit_of_work, versioned_c
 from services.inference import metrics
 from services.inference.fairness import TenantLoad, order_tenants, prefer
 from services.inference.providers.base import Hop
+from services.inference.suppliers import SupplierCache, Suppliers
 from services.inference.validation import MasterSupplier, ValidationContext, normalize_tax_id
 from services.limiter import Denial, Grant, NeverAdmittable
 
@@ -152,6 +153,7 @@ class Claims:
         lease_seconds: float,
         aging_seconds: float,
         nudge: Nudge | None = None,
+        suppliers: SupplierCache | None = None,
     ) -> None:
         """``nudge`` wakes the relay after a completion that wrote an outbox event (the worker's
         ``RelayNudge``: a NOTIFY in the completion's own transaction at most once per window, else
@@ -162,6 +164,7 @@ class Claims:
         self._model = model
         self._lease_seconds = lease_seconds
         self._aging = timedelta(seconds=aging_seconds)
+        self._suppliers = suppliers or SupplierCache()
 
     def claim(self, acquire: Acquire, release_unused: ReleaseUnused) -> Claimed:
         """Start the next job by fair share, defer it when the limiter says no, or None when no
@@ -253,7 +256,7 @@ class Claims:
         context = ValidationContext(
             source_text=row["text"],
             allowed_currencies=frozenset(row["allowed_currencies"]),
-            suppliers={normalize_tax_id(r["tax_id"]): _supplier(r) for r in row["suppliers"]},
+            suppliers=self._master_suppliers(uow, row["tenant_id"], row["suppliers_version"]),
         )
         job = ClaimedJob(
             job_id=row["id"],
@@ -270,6 +273,16 @@ class Claims:
             traceparent=tracing.valid(row["traceparent"]),
         )
         return job, context
+
+    def _master_suppliers(self, uow: UnitOfWork, tenant_id: uuid.UUID, version: int) -> Suppliers:
+        kept = self._suppliers.get(tenant_id, version)
+        if kept is not None:
+            return kept
+        rows = uow.execute(Q["tenant_suppliers"], {"tenant_id": tenant_id}).fetchall()
+        suppliers = {normalize_tax_id(r["tax_id"]): _supplier(r) for r in rows if r["tax_id"] is not None}
+        metrics.SUPPLIER_READS.inc()
+        # Kept under the version this read saw, which may be newer than the start's.
+        return self._suppliers.put(tenant_id, rows[0]["suppliers_version"], suppliers)
 
     def complete(self, job: ClaimedJob, completion: Completion) -> bool:
         """Write the attempt's outcome if this worker still owns the job; False when it was stale."""

@@ -19,6 +19,10 @@ REFUSED = Counter(
     "fatura_inference_refused_total",
     "Jobs failed at claim because the limiter said no wait could admit them (bigger than the pool)",
 )
+SUPPLIER_READS = Counter(
+    "fatura_inference_supplier_reads_total",
+    "Claims that read their tenant's master suppliers (none kept at the tenant's version)",
+)
 LEASES_LOST = Counter(
     "fatura_inference_leases_lost_total", "Running jobs whose lease a heartbeat found taken away"
 )

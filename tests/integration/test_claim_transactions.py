@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 
 from fix_db import drop_database, recreate_database
 from fix_pipeline import wait_until
-from services.acceptance.tenants import TenantSpec, create_tenant
+from services.acceptance.tenants import Supplier, TenantSpec, create_tenant, import_suppliers
 from services.common import events, states
 from services.common.db import SyncPool, sync_pool
 from services.common.migrate import migrate
@@ -86,6 +86,85 @@ def test_a_started_claim_carries_its_document_currencies_and_master_data(fresh_p
     assert started.context.source_text == TEXT
     assert started.context.allowed_currencies == frozenset({"EUR", "TRY"})
     assert [s.name for s in started.context.suppliers.values()] == ["Acme"]
+
+
+def _supplier_reads() -> float:
+    return REGISTRY.get_sample_value("fatura_inference_supplier_reads_total") or 0.0
+
+
+def test_a_claim_reads_the_master_data_again_only_after_it_changed(fresh_pool: SyncPool) -> None:
+    # Given a tenant with one supplier and four due jobs, claimed by one worker's slots
+    tenant_id, _ = create_tenant(fresh_pool, TenantSpec(name="master"))
+    for _ in range(4):
+        _queue_job(fresh_pool, tenant_id)
+    claims = Claims(fresh_pool, worker_id="t", model="m", lease_seconds=60, aging_seconds=30)
+    before = _supplier_reads()
+    first, second = (claims.claim(_grant, _never_released) for _ in range(2))
+    # Then the master data was read once, and both attempts validate against it
+    assert isinstance(first, Started) and isinstance(second, Started)
+    assert _supplier_reads() - before == 1
+    assert dict(second.context.suppliers) == dict(first.context.suppliers)
+    assert [(s.name, s.iban) for s in first.context.suppliers.values()] == [("Acme", None)]
+    # When an import changes a supplier and adds one
+    import_suppliers(
+        fresh_pool,
+        tenant_id,
+        [
+            Supplier("1234567890", "Acme", "TR330006100519786457841326", "EUR"),
+            Supplier("DE999", "Beta", None, None),
+        ],
+    )
+    third = claims.claim(_grant, _never_released)
+    # Then the next claim reads it again and sees both changes; the one after reads nothing
+    assert isinstance(third, Started)
+    assert _supplier_reads() - before == 2
+    assert {k: (s.name, s.iban) for k, s in third.context.suppliers.items()} == {
+        "1234567890": ("Acme", "TR330006100519786457841326"),
+        "DE999": ("Beta", None),
+    }
+    fourth = claims.claim(_grant, _never_released)
+    assert isinstance(fourth, Started) and dict(fourth.context.suppliers) == dict(third.context.suppliers)
+    assert _supplier_reads() - before == 2
+    # And the attempt already running keeps the master data of its own claim
+    assert [(s.name, s.iban) for s in first.context.suppliers.values()] == [("Acme", None)]
+
+
+def test_every_way_of_changing_suppliers_moves_the_tenants_version_once_per_transaction(
+    fresh_pool: SyncPool,
+) -> None:
+    tenant_id, _ = create_tenant(fresh_pool, TenantSpec(name="versions"))
+    other_id, _ = create_tenant(fresh_pool, TenantSpec(name="others"))
+
+    def versions() -> tuple[int, int]:
+        with fresh_pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT id, suppliers_version FROM tenants WHERE id = ANY(%s)", ([tenant_id, other_id],)
+            ).fetchall()
+        version = {row["id"]: row["suppliers_version"] for row in rows}
+        return version[tenant_id], version[other_id]
+
+    seen = [versions()]
+    with fresh_pool.connection() as conn, conn.transaction():
+        for n in range(50):  # fifty rows in one transaction: one new version
+            conn.execute(
+                "INSERT INTO suppliers (tenant_id, tax_id, name) VALUES (%s, %s, 'S')", (tenant_id, f"T{n}")
+            )
+        xid = conn.execute("SELECT pg_current_xact_id()::text::bigint AS xid").fetchone()["xid"]
+    seen.append(versions())
+    assert seen[-1] == (xid, seen[0][1])  # the other tenant's is untouched
+    statements = (
+        "UPDATE suppliers SET name = 'R' WHERE tenant_id = %s AND tax_id = 'T1'",
+        "DELETE FROM suppliers WHERE tenant_id = %s AND tax_id = 'T2'",
+    )
+    for statement in statements:
+        with fresh_pool.connection() as conn:
+            conn.execute(statement, (tenant_id,))
+        seen.append(versions())
+        assert seen[-1][0] != seen[-2][0] and seen[-1][1] == seen[0][1]
+    with fresh_pool.connection() as conn:
+        conn.execute("TRUNCATE suppliers")
+    seen.append(versions())
+    assert seen[-1][0] != seen[-2][0] and seen[-1][1] != seen[-2][1]
 
 
 class _Nudges:

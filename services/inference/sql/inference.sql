@@ -42,8 +42,10 @@ FOR UPDATE SKIP LOCKED
 
 -- name: start_job
 -- Starts the locked head job, records its RUNNING event, and reads, in the same statement, what its
--- attempt needs: the document's text, the tenant's allowed currencies and its master suppliers (no
--- second transaction, nor a second round trip, per job). The placeholder below is the RUNNING
+-- attempt needs: the document's text, the tenant's allowed currencies and the version of its master
+-- suppliers (no second transaction, nor a second round trip, per job; the suppliers themselves are
+-- read by tenant_suppliers only when the worker has not kept them at that version). The placeholder
+-- below is the RUNNING
 -- change's job event taken from "started" (services/common/uow.py, versioned_change_ctes): its
 -- detail is the attempt, fence and lease the UPDATE just gave the job.
 WITH started AS (
@@ -57,13 +59,17 @@ WITH started AS (
               jsonb_build_object('attempt', attempt, 'fence', fence, 'lease_until', lease_until) AS detail
 ),
 {change_ctes}
-SELECT s.*, d.text, t.allowed_currencies,
-       (SELECT coalesce(json_agg(json_build_object('tax_id', m.tax_id, 'name', m.name,
-                                                   'iban', m.iban, 'currency', m.currency)), '[]')
-          FROM suppliers m WHERE m.tenant_id = s.tenant_id) AS suppliers
+SELECT s.*, d.text, t.allowed_currencies, t.suppliers_version
 FROM started s
 LEFT JOIN documents d ON d.tenant_id = s.tenant_id AND d.id = s.document_id AND d.version = s.document_version
 LEFT JOIN tenants t ON t.id = s.tenant_id
+
+-- name: tenant_suppliers
+-- A tenant's master suppliers and the version they are at, in one statement (one snapshot); a tenant
+-- with none gives one row of nulls.
+SELECT t.suppliers_version, m.tax_id, m.name, m.iban, m.currency
+FROM tenants t LEFT JOIN suppliers m ON m.tenant_id = t.id
+WHERE t.id = %(tenant_id)s
 
 -- name: defer_job
 UPDATE extraction_jobs
