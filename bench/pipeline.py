@@ -51,6 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=InferenceSettings.threads,
         help=f"FATURA_INFERENCE_THREADS of each worker (default {InferenceSettings.threads}, the service's)",
     )
+    p.add_argument(
+        "--suppliers",
+        type=int,
+        default=0,
+        help="master suppliers each tenant has besides the samples' (default 0)",
+    )
     p.add_argument("--noop-messages", type=int, default=6000, help="messages for the no-op actor ceiling")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a layout may take before giving up")
     p.add_argument(
@@ -170,13 +176,15 @@ def run_layout(stack: Stack, layout: str, args: argparse.Namespace) -> LayoutRes
     workers = [stack.start_worker(**env) for _ in range(processes)]
     try:
         # A few jobs first, so connections, imports and caches are warm before the clock starts.
-        warm, _ = stack.make_tenant("warm", max_in_flight=100_000)
+        warm, _ = stack.make_tenant("warm", max_in_flight=100_000, extra_suppliers=args.suppliers)
         stack.accept_jobs(warm, 50)
         wait_terminal(stack, warm, 50, 60.0, quiet=True)
-        tenant, _ = stack.make_tenant(f"pipe-{layout}", max_in_flight=100_000)
+        tenant, _ = stack.make_tenant(f"pipe-{layout}", max_in_flight=100_000, extra_suppliers=args.suppliers)
         load = load_average()
+        master = f"; {args.suppliers:,} master suppliers more than the samples'" if args.suppliers else ""
         print(
-            f"layout {layout}: {processes} worker(s) x {concurrency} slots; load average {load}", flush=True
+            f"layout {layout}: {processes} worker(s) x {concurrency} slots{master}; load average {load}",
+            flush=True,
         )
         profilers = start_profilers(workers, layout, args.profile) if args.profile > 0 else []
         cpu_before, xacts_before = cpu.sample(), transactions(stack)

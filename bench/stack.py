@@ -31,7 +31,7 @@ from bench.ceiling import accept_one
 from bench.procs import Proc, start
 from bench.report import OUT_DIR
 from bench.resources import add_database_argument, bench_database, delete_keys, delete_queues
-from services.acceptance.tenants import TenantSpec, create_tenant, import_suppliers, parse_suppliers
+from services.acceptance.tenants import Supplier, TenantSpec, create_tenant, import_suppliers, parse_suppliers
 from services.common import events
 from services.common.db import SyncPool, sync_pool
 from services.common.procs import free_port
@@ -238,8 +238,11 @@ class Stack:
 
     # ------------------------------------------------------------ tenants and jobs
 
-    def make_tenant(self, name: str, *, max_in_flight: int, weight: int = 1) -> tuple[uuid.UUID, str]:
-        """A tenant no admission limit stops, with the sample suppliers as its master data."""
+    def make_tenant(
+        self, name: str, *, max_in_flight: int, weight: int = 1, extra_suppliers: int = 0
+    ) -> tuple[uuid.UUID, str]:
+        """A tenant no admission limit stops, with the sample suppliers as its master data and
+        ``extra_suppliers`` more (none of them on the sample invoices)."""
         spec = TenantSpec(
             name=f"{name}-{uuid.uuid4().hex[:6]}",
             weight=weight,
@@ -250,7 +253,8 @@ class Stack:
             daily_token_budget=10**15,
         )
         tenant_id, key = create_tenant(self.pool, spec)
-        import_suppliers(self.pool, tenant_id, parse_suppliers(SUPPLIERS_CSV))
+        extra = [Supplier(f"BENCH{n:08d}", f"Bench supplier {n}", None, None) for n in range(extra_suppliers)]
+        import_suppliers(self.pool, tenant_id, parse_suppliers(SUPPLIERS_CSV) + extra)
         return tenant_id, key
 
     def accept_jobs(
