@@ -42,6 +42,7 @@ from services.inference.providers.base import Provider, ProviderRequest, Provide
 from services.inference.providers.cancel import CallScope
 from services.inference.retry import RetryPolicy
 from services.inference.settings import InferenceSettings
+from services.inference.suppliers import SupplierCache
 from services.inference.validation import validate
 from services.limiter import Denial, DenyReason, Grant, LimiterClient, LimiterError, Outcome, PermitNotHeld
 
@@ -81,6 +82,7 @@ class Executor:
             lease_seconds=settings.lease_seconds,
             aging_seconds=settings.priority_aging_seconds,
             nudge=self._nudge,
+            suppliers=SupplierCache(settings.supplier_cache),
         )
         self._policy = RetryPolicy(
             max_attempts=settings.max_attempts,

@@ -7,8 +7,9 @@ with every claim cost O(suppliers) per job. The claim's start statement reads th
 gives it a new one), and the master data is read again only when the version moved, in the claim's
 own transaction: an attempt validates against the master data as of its claim, as before.
 
-The cache holds at most ``max_suppliers`` suppliers across tenants, dropping the tenants used least
-recently; a tenant with more than that is read with each claim, as before.
+The cache holds at most ``max_suppliers`` suppliers across tenants
+(``FATURA_INFERENCE_SUPPLIER_CACHE``), dropping the tenants used least recently; a tenant with more
+than that is read with each claim, as before.
 """
 
 from __future__ import annotations
