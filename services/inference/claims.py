@@ -33,6 +33,7 @@ from services.common.queries import load_queries
 from services.common.uow import JobChange, UnitOfWork, unit_of_work, versioned_change_ctes
 from services.inference import metrics
 from services.inference.fairness import TenantLoad, order_tenants, prefer
+from services.inference.loads import KeptLoads
 from services.inference.providers.base import Hop
 from services.inference.suppliers import SupplierCache, Suppliers
 from services.inference.validation import MasterSupplier, ValidationContext, normalize_tax_id
@@ -154,6 +155,7 @@ class Claims:
         aging_seconds: float,
         nudge: Nudge | None = None,
         suppliers: SupplierCache | None = None,
+        loads_seconds: float = 0.0,
     ) -> None:
         """``nudge`` wakes the relay after a completion that wrote an outbox event (the worker's
         ``RelayNudge``: a NOTIFY in the completion's own transaction at most once per window, else
@@ -165,6 +167,7 @@ class Claims:
         self._lease_seconds = lease_seconds
         self._aging = timedelta(seconds=aging_seconds)
         self._suppliers = suppliers or SupplierCache()
+        self._loads = KeptLoads(loads_seconds)
 
     def claim(self, acquire: Acquire, release_unused: ReleaseUnused) -> Claimed:
         """Start the next job by fair share, defer it when the limiter says no, or None when no
@@ -176,14 +179,29 @@ class Claims:
         return _observed(claimed)
 
     def _claim(self, uow: UnitOfWork, acquire: Acquire) -> Claimed:
+        kept = self._loads.current()
+        if kept is not None:
+            claimed = self._claim_among(uow, acquire, *kept)
+            if claimed is not None:
+                return claimed
+            # Nothing startable among the tenants this process kept: the database may know more.
         rows = uow.execute(Q["tenant_loads"]).fetchall()
-        if not rows:
+        metrics.TENANT_LOADS_READS.inc()
+        loads = {row["tenant_id"]: TenantLoad(**_load_fields(row)) for row in rows}
+        if not loads:
+            self._loads.keep(loads, None)
             return None
         now = rows[0]["now"]
-        loads = {row["tenant_id"]: TenantLoad(**_load_fields(row)) for row in rows}
+        self._loads.keep(loads, now)
+        return self._claim_among(uow, acquire, loads, now)
+
+    def _claim_among(
+        self, uow: UnitOfWork, acquire: Acquire, loads: Mapping[uuid.UUID, TenantLoad], now: datetime
+    ) -> Claimed:
         for tenant_id in order_tenants(list(loads.values()), now, self._aging):
             head = self._head(uow, loads[tenant_id])
             if head is None:
+                self._loads.forget(tenant_id)
                 continue  # its due jobs are being claimed by other slots right now
             with tracing.span(
                 "limiter acquire",
@@ -196,6 +214,7 @@ class Claims:
                     decision = acquire(tenant_id, int(head["estimated_tokens"]), key)
                 except NeverAdmittable as exc:
                     span.set_attribute("limiter.decision", "never_admittable")
+                    self._loads.forget(tenant_id)
                     return self._refuse(uow, head["id"], str(exc))
                 span.set_attribute(
                     "limiter.decision",
@@ -205,8 +224,10 @@ class Claims:
                 seconds = decision.retry_after_ms / 1000
                 uow.execute(Q["defer_job"], {"job_id": head["id"], "seconds": seconds})
                 metrics.DEFERRALS.labels(decision.reason.value).inc()
+                self._loads.forget(tenant_id)  # its heads moved; the next read has them
                 return Deferred(head["id"], decision.reason.value, decision.retry_after_ms)
             job, context = self._start(uow, tenant_id, head["id"])
+            self._loads.started(tenant_id, head["interactive_next"], head["batch_next"])
             return Started(job, decision, context)
         return None
 
@@ -304,6 +325,8 @@ class Claims:
         with _releasing_on_failure(acquire, release_unused) as acquire_once:
             with self._completion_unit() as uow:
                 written = self._complete(uow, job, completion)
+                if written is not None:
+                    self._loads.finished(job.tenant_id)
                 claimed = self._claim(uow, acquire_once) if claim_next else None
                 if uow.recorded and self._nudge is not None:
                     ride = self._nudge.ride(uow.conn)

@@ -83,6 +83,7 @@ class Executor:
             aging_seconds=settings.priority_aging_seconds,
             nudge=self._nudge,
             suppliers=SupplierCache(settings.supplier_cache),
+            loads_seconds=settings.tenant_loads_seconds,
         )
         self._policy = RetryPolicy(
             max_attempts=settings.max_attempts,

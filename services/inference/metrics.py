@@ -19,6 +19,10 @@ REFUSED = Counter(
     "fatura_inference_refused_total",
     "Jobs failed at claim because the limiter said no wait could admit them (bigger than the pool)",
 )
+TENANT_LOADS_READS = Counter(
+    "fatura_inference_tenant_loads_reads_total",
+    "Claims that read every tenant's load from the database (none kept, or none startable among them)",
+)
 SUPPLIER_READS = Counter(
     "fatura_inference_supplier_reads_total",
     "Claims that read their tenant's master suppliers (none kept at the tenant's version)",

@@ -1,5 +1,6 @@
 """The fair claim against a real backlog: one tenant's thousands of queued jobs do not starve
-another tenant's single job, and interactive work goes first without starving batch work."""
+another tenant's single job, and interactive work goes first without starving batch work; the same
+when a process's claims share the tenant loads one of them read."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
 
 from fix_db import drop_database, recreate_database
 from services.acceptance.tenants import TenantSpec, create_tenant
+from services.common import states
 from services.common.db import SyncPool, sync_pool
 from services.common.migrate import migrate
 from services.common.settings import CommonSettings
-from services.inference.claims import Claims, Started
+from services.inference.claims import Claims, Completion, Started
 from services.limiter.model import Grant
 
 
@@ -56,8 +59,18 @@ def _queue_jobs(
         )
 
 
-def _claims(pool: SyncPool) -> Claims:
-    return Claims(pool, worker_id="test", model="m", lease_seconds=60, aging_seconds=30)
+# Each fairness test runs twice: every claim reading the tenants' loads, and the worker's way, a
+# process's claims sharing one read and counting their own starts (services/inference/loads.py).
+@pytest.fixture(params=[0.0, 60.0], ids=["loads-read-each-claim", "loads-kept"])
+def loads_seconds(request: pytest.FixtureRequest) -> float:
+    seconds: float = request.param
+    return seconds
+
+
+def _claims(pool: SyncPool, loads_seconds: float = 0.0) -> Claims:
+    return Claims(
+        pool, worker_id="test", model="m", lease_seconds=60, aging_seconds=30, loads_seconds=loads_seconds
+    )
 
 
 def _grant(tenant_id: uuid.UUID, tokens: int, request_key: str) -> Grant:
@@ -68,8 +81,8 @@ def _never_released(grant: Grant) -> None:
     raise AssertionError(f"permit {grant.permit_id} was released, but its claim committed")
 
 
-def _claim_tenants(pool: SyncPool, n: int) -> list[Any]:
-    claims = _claims(pool)
+def _claim_tenants(pool: SyncPool, n: int, loads_seconds: float) -> list[Any]:
+    claims = _claims(pool, loads_seconds)
     order = []
     for _ in range(n):
         started = claims.claim(_grant, _never_released)
@@ -78,46 +91,107 @@ def _claim_tenants(pool: SyncPool, n: int) -> list[Any]:
     return order
 
 
-def test_one_tenants_backlog_does_not_starve_another_tenants_single_job(fresh_pool: SyncPool) -> None:
+def test_one_tenants_backlog_does_not_starve_another_tenants_single_job(
+    fresh_pool: SyncPool, loads_seconds: float
+) -> None:
     # Given tenant A with 2,000 queued jobs, queued first
     a, _ = create_tenant(fresh_pool, TenantSpec(name="A", max_in_flight=100))
     b, _ = create_tenant(fresh_pool, TenantSpec(name="B", max_in_flight=100))
     _queue_jobs(fresh_pool, a, 2000, age_s=60)
     # When tenant B submits one job and workers claim
     _queue_jobs(fresh_pool, b, 1)
-    claimed = _claim_tenants(fresh_pool, 3)
+    claimed = _claim_tenants(fresh_pool, 3, loads_seconds)
     # Then B's job is among the first claims, not after A's backlog
     assert b in [job.tenant_id for job in claimed[:2]]
 
 
-def test_tenants_are_served_by_weight(fresh_pool: SyncPool) -> None:
+def test_tenants_are_served_by_weight(fresh_pool: SyncPool, loads_seconds: float) -> None:
     heavy, _ = create_tenant(fresh_pool, TenantSpec(name="heavy", weight=3, max_in_flight=100))
     light, _ = create_tenant(fresh_pool, TenantSpec(name="light", weight=1, max_in_flight=100))
     _queue_jobs(fresh_pool, heavy, 100)
     _queue_jobs(fresh_pool, light, 100)
-    claimed = [job.tenant_id for job in _claim_tenants(fresh_pool, 40)]
+    claimed = [job.tenant_id for job in _claim_tenants(fresh_pool, 40, loads_seconds)]
     assert claimed.count(heavy) == 30
     assert claimed.count(light) == 10
 
 
-def test_a_tenant_at_its_in_flight_cap_is_skipped(fresh_pool: SyncPool) -> None:
+def test_a_tenant_at_its_in_flight_cap_is_skipped(fresh_pool: SyncPool, loads_seconds: float) -> None:
     capped, _ = create_tenant(fresh_pool, TenantSpec(name="capped", max_in_flight=2))
     _queue_jobs(fresh_pool, capped, 10)
-    claims = _claims(fresh_pool)
+    claims = _claims(fresh_pool, loads_seconds)
     assert isinstance(claims.claim(_grant, _never_released), Started)
     assert isinstance(claims.claim(_grant, _never_released), Started)
     assert claims.claim(_grant, _never_released) is None
 
 
-def test_interactive_goes_first_but_aged_batch_work_is_not_starved(fresh_pool: SyncPool) -> None:
+def test_interactive_goes_first_but_aged_batch_work_is_not_starved(
+    fresh_pool: SyncPool, loads_seconds: float
+) -> None:
     tenant, _ = create_tenant(fresh_pool, TenantSpec(name="mixed", max_in_flight=100))
     _queue_jobs(fresh_pool, tenant, 1, priority="batch", age_s=5)
     _queue_jobs(fresh_pool, tenant, 1, priority="interactive")
     _queue_jobs(fresh_pool, tenant, 1, priority="batch", age_s=120)
-    claimed = [job.priority for job in _claim_tenants(fresh_pool, 3)]
+    claimed = [job.priority for job in _claim_tenants(fresh_pool, 3, loads_seconds)]
     # The batch job that waited 120 s beats the fresh interactive one (aging 30 s); the interactive
     # one beats the batch job that waited only 5 s.
     assert claimed == ["batch", "interactive", "batch"]
+
+
+def _loads_reads() -> float:
+    return REGISTRY.get_sample_value("fatura_inference_tenant_loads_reads_total") or 0.0
+
+
+def test_a_process_reads_the_tenant_loads_once_for_many_claims(fresh_pool: SyncPool) -> None:
+    # Given two tenants with five due jobs each, and a worker that keeps the loads it reads
+    a, _ = create_tenant(fresh_pool, TenantSpec(name="A", max_in_flight=100))
+    b, _ = create_tenant(fresh_pool, TenantSpec(name="B", max_in_flight=100))
+    _queue_jobs(fresh_pool, a, 5)
+    _queue_jobs(fresh_pool, b, 5)
+    before = _loads_reads()
+    # When it claims eight of them
+    claimed = [job.tenant_id for job in _claim_tenants(fresh_pool, 8, 60.0)]
+    # Then one read served every claim, and its own starts kept the share even
+    assert _loads_reads() - before == 1
+    assert claimed.count(a) == 4 and claimed.count(b) == 4
+
+
+def test_a_tenant_whose_jobs_arrive_after_the_read_is_claimed_once_the_kept_ones_have_none(
+    fresh_pool: SyncPool,
+) -> None:
+    # Given a worker that read the loads while only tenant A had a job, and claimed it
+    a, _ = create_tenant(fresh_pool, TenantSpec(name="A", max_in_flight=100))
+    b, _ = create_tenant(fresh_pool, TenantSpec(name="B", max_in_flight=100))
+    _queue_jobs(fresh_pool, a, 1)
+    claims = _claims(fresh_pool, 60.0)
+    first = claims.claim(_grant, _never_released)
+    assert isinstance(first, Started) and first.job.tenant_id == a
+    before = _loads_reads()
+    # When tenant B's first job arrives and the worker claims again
+    _queue_jobs(fresh_pool, b, 1)
+    second = claims.claim(_grant, _never_released)
+    # Then finding nothing among what it kept, it read again and started B's job
+    assert isinstance(second, Started) and second.job.tenant_id == b
+    assert _loads_reads() - before == 1
+    # And with nothing due anywhere, a claim says so
+    assert claims.claim(_grant, _never_released) is None
+
+
+def test_a_completion_frees_its_tenants_place_in_the_kept_loads(fresh_pool: SyncPool) -> None:
+    # Given a tenant that may run one job at a time, its first job started by a worker that keeps
+    # the loads it reads
+    capped, _ = create_tenant(fresh_pool, TenantSpec(name="one-at-a-time", max_in_flight=1))
+    _queue_jobs(fresh_pool, capped, 3)
+    claims = _claims(fresh_pool, 60.0)
+    first = claims.claim(_grant, _never_released)
+    assert isinstance(first, Started)
+    assert claims.claim(_grant, _never_released) is None  # at its cap
+    before = _loads_reads()
+    # When the job completes and the slot claims the next in the same transaction
+    done = Completion(states.SUCCEEDED, (), result={"x": 1})
+    written, second = claims.complete_then_claim(first.job, done, (_grant, _never_released))
+    # Then the tenant's next job starts from the kept loads, with no read
+    assert written and isinstance(second, Started) and second.job.tenant_id == capped
+    assert _loads_reads() - before == 0
 
 
 def test_a_permit_granted_inside_a_claim_whose_transaction_fails_is_released_as_not_sent(

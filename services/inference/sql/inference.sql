@@ -33,12 +33,21 @@ WHERE t.tenant_id IS NOT NULL
 EXISTS (SELECT 1 FROM extraction_jobs WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED'))
 
 -- name: head_job
-SELECT id, available_at, estimated_tokens, traceparent, fence FROM extraction_jobs
-WHERE tenant_id = %(tenant_id)s AND priority = %(priority)s
-  AND state IN ('READY', 'RETRY_SCHEDULED') AND available_at <= now()
-ORDER BY available_at
+-- The tenant's next due job of the priority, locked, and the tenant's heads once it is taken (what
+-- tenant_loads would read after its start: the worker keeps the loads it read, services/inference/loads.py).
+SELECT h.id, h.available_at, h.estimated_tokens, h.traceparent, h.fence,
+       (SELECT min(i.available_at) FROM extraction_jobs i
+         WHERE i.tenant_id = h.tenant_id AND i.priority = 'interactive'
+           AND i.state IN ('READY', 'RETRY_SCHEDULED') AND i.id <> h.id) AS interactive_next,
+       (SELECT min(b.available_at) FROM extraction_jobs b
+         WHERE b.tenant_id = h.tenant_id AND b.priority = 'batch'
+           AND b.state IN ('READY', 'RETRY_SCHEDULED') AND b.id <> h.id) AS batch_next
+FROM extraction_jobs h
+WHERE h.tenant_id = %(tenant_id)s AND h.priority = %(priority)s
+  AND h.state IN ('READY', 'RETRY_SCHEDULED') AND h.available_at <= now()
+ORDER BY h.available_at
 LIMIT 1
-FOR UPDATE SKIP LOCKED
+FOR UPDATE OF h SKIP LOCKED
 
 -- name: start_job
 -- Starts the locked head job, records its RUNNING event, and reads, in the same statement, what its
