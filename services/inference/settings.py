@@ -37,7 +37,7 @@ class InferenceSettings:
     wakeup_target: int = 64
     slot_wait_seconds: float = 30.0
     wake_coalesce_seconds: float = 0.1
-    supplier_cache: int = 200_000
+    supplier_cache: int = 50_000
     tenant_loads_seconds: float = 0.1
 
     @classmethod
@@ -68,7 +68,7 @@ class InferenceSettings:
             wakeup_target=env_int(env, "FATURA_WAKEUP_TARGET", 64, lo=1, hi=100_000),
             slot_wait_seconds=env_float(env, "FATURA_SLOT_WAIT_SECONDS", 30.0, lo=0.0, hi=3600),
             wake_coalesce_seconds=env_float(env, "FATURA_WAKE_COALESCE_SECONDS", 0.1, lo=0.0, hi=60),
-            supplier_cache=env_int(env, "FATURA_INFERENCE_SUPPLIER_CACHE", 200_000, lo=0, hi=100_000_000),
+            supplier_cache=env_int(env, "FATURA_INFERENCE_SUPPLIER_CACHE", 50_000, lo=0, hi=100_000_000),
             tenant_loads_seconds=env_float(env, "FATURA_TENANT_LOADS_SECONDS", 0.1, lo=0.0, hi=10.0),
         )
 

@@ -24,7 +24,7 @@ from services.inference.validation import MasterSupplier
 
 Suppliers = Mapping[str, MasterSupplier]  # keyed by normalize_tax_id(tax_id)
 
-DEFAULT_MAX_SUPPLIERS = 200_000
+DEFAULT_MAX_SUPPLIERS = 50_000  # about 500 bytes each with their strings: some 25 MB
 
 
 class SupplierCache:
