@@ -21,7 +21,9 @@ class KeptLoads:
     aging choices see what a fresh read would), a completion here takes one off, and a tenant whose
     due jobs were all taken, or whose job was deferred or failed, is left out until the next read.
     What other processes start and finish meanwhile is seen at that read, as the loads of a read
-    were always a moment old (the limiter's tenant cap is the hard bound). A claim that finds
+    were always a moment old: ``max_in_flight`` here is the fair share's filter (two claims reading
+    at once could always both take a tenant's last place); a cap that must hold is the limiter's
+    per-tenant in-flight limit. A claim that finds
     nothing startable among the kept tenants reads them afresh, so a tenant whose first jobs arrive
     meanwhile waits at most ``seconds``. Thread-safe; ``seconds`` 0 keeps nothing (every claim
     reads).
