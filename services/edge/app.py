@@ -24,10 +24,14 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.acceptance.feed import EventFeed
-from services.acceptance.routes import acceptance_routes
-from services.acceptance.settings import AcceptanceSettings, EventSettings
-from services.acceptance.sse import end_streams_on_exit, event_routes
+from services.acceptance.http_api import (
+    AcceptanceSettings,
+    EventFeed,
+    EventSettings,
+    acceptance_routes,
+    end_streams_on_exit,
+    event_routes,
+)
 from services.common import logs, readiness, tracing
 from services.common.api.auth import Authenticator
 from services.common.api.body import JsonBody
@@ -36,14 +40,12 @@ from services.common.api.errors import ApiError, Unavailable
 from services.common.api.keywatch import KeyWatch
 from services.common.api.throttle import FailureThrottle
 from services.common.db import async_pool
-from services.delivery.api import delivery_routes
-from services.delivery.endpoints import Endpoints
-from services.delivery.settings import DeliverySettings
+from services.delivery.http_api import DeliverySettings, Endpoints, delivery_routes
 from services.edge import metrics, openapi
 from services.edge.ops import ops_routes
 from services.edge.review_page import review_page_routes
 from services.edge.tracing import TraceMiddleware
-from services.inference.review.api import review_routes
+from services.inference.http_api import review_routes
 
 log = logging.getLogger(__name__)
 

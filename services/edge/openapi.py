@@ -3,13 +3,12 @@ schemas the server enforces), composed with the edge's own (operator routes, hea
 
 from __future__ import annotations
 
-from services.acceptance import events_openapi
-from services.acceptance import openapi_paths as acceptance_openapi
-from services.acceptance.settings import AcceptanceSettings
+from services.acceptance.http_api import AcceptanceSettings, events_openapi
+from services.acceptance.http_api import openapi_paths as acceptance_openapi
 from services.common.api.openapi import ERROR_SCHEMA, ERRORS, JSON
-from services.delivery import openapi_paths as delivery_openapi
+from services.delivery.http_api import openapi_paths as delivery_openapi
 from services.edge import ops_schemas
-from services.inference.review import schemas as review_schemas
+from services.inference.http_api import review_schemas
 
 
 def _scope_errors(paths: JSON) -> None:

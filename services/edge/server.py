@@ -15,10 +15,10 @@ import uvicorn
 from prometheus_client import REGISTRY, CollectorRegistry
 from uvicorn.supervisors import Multiprocess
 
-from services.acceptance.settings import AcceptanceSettings
+from services.acceptance.http_api import AcceptanceSettings
 from services.common import readiness
 from services.common.ops_server import start_ops_server
-from services.delivery.settings import DeliverySettings
+from services.delivery.http_api import DeliverySettings
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
 """The import graph keeps its shape (DESIGN §1, STYLE §11): no service imports another (the limiter's
 public client is the one door into it), ``services/common`` imports no service, and the partner SDK
-stands alone. Composition layers (the edge, the CLI, the chaos runner) may import every service."""
+stands alone. The HTTP edge mounts each service through that service's one public module for it
+(``http_api``); the CLI and the chaos runner, which start and break every process, may import any."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ SERVICES = ("acceptance", "inference", "delivery", "limiter", "sandbox")
 COMPOSERS = ("edge", "cli", "chaos")
 # The only names one service may import from another.
 PUBLIC = {"services.limiter", "services.limiter.client"}
+# What the HTTP edge may import of a service: the above, and each service's module for the edge.
+EDGE_PUBLIC = PUBLIC | {f"services.{service}.http_api" for service in SERVICES}
 
 
 def _imports(path: Path) -> Iterator[tuple[int, str]]:
@@ -66,7 +69,17 @@ def test_the_partner_sdk_stands_alone() -> None:
     assert found == []
 
 
+def test_the_edge_mounts_each_service_through_its_public_module() -> None:
+    crossings = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in _sources("services/edge")
+        for line, module in _imports(path)
+        if _package(module) in SERVICES and module not in EDGE_PUBLIC
+    ]
+    assert crossings == []
+
+
 def test_the_walk_sees_the_imports_it_guards() -> None:
     # The edge composes acceptance and delivery: a walk that found neither would be blind.
     edge = {module for path in _sources("services/edge") for _, module in _imports(path)}
-    assert {"services.acceptance.routes", "services.delivery.api"} <= edge
+    assert {"services.acceptance.http_api", "services.delivery.http_api"} <= edge
