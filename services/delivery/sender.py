@@ -24,7 +24,7 @@ from services.delivery.egress import EgressGuard, HostNotResolved, Vetted
 from services.delivery.errors import DeliveryError, EgressRefused
 from services.delivery.outcomes import AttemptResult, retry_after
 
-_MAX_CLIENTS = 64
+_MAX_TRANSPORTS = 64
 _MAX_DETAIL = 500  # characters of an error's message kept with the attempt
 
 
@@ -209,7 +209,7 @@ class Sender:
         with self._lock:  # close() may be clearing them
             transports[key] = transport
             transports.move_to_end(key)
-            while len(transports) > _MAX_CLIENTS:
+            while len(transports) > _MAX_TRANSPORTS:
                 transports.popitem(last=False)[1].close()
         return transport
 

@@ -23,10 +23,10 @@ class KeptLoads:
     What other processes start and finish meanwhile is seen at that read, as the loads of a read
     were always a moment old: ``max_in_flight`` here is the fair share's filter (two claims reading
     at once could always both take a tenant's last place); a cap that must hold is the limiter's
-    per-tenant in-flight limit. A claim that finds
-    nothing startable among the kept tenants reads them afresh, so a tenant whose first jobs arrive
-    meanwhile waits at most ``seconds``. Thread-safe; ``seconds`` 0 keeps nothing (every claim
-    reads).
+    per-tenant in-flight limit. A count made in a transaction that then rolled back stays off by
+    one until the next read. A claim that finds nothing startable among the kept tenants reads them
+    afresh, so a tenant whose first jobs arrive meanwhile waits at most ``seconds``. Thread-safe;
+    ``seconds`` 0 keeps nothing (every claim reads).
     """
 
     def __init__(self, seconds: float) -> None:

@@ -92,11 +92,10 @@ def _token_readings(token: str) -> Iterator[Decimal]:
 
 def _grouped(token: str) -> bool:
     """Digits, optionally in thousands groups with one kind of separator."""
-    if token.isdecimal():  # only digits, as \d reads them: the common case
+    if token.isdecimal():  # only digits (\d is str.isdecimal): the common case
         return True
-    separators = set(_DIGIT.sub("", token))
-    if len(separators) != 1:
-        return not separators and token.isdigit()
+    if len(set(_DIGIT.sub("", token))) != 1:  # none (an empty token) or several kinds
+        return False
     head, *groups = _NON_DIGIT.split(token)
     return 1 <= len(head) <= 3 and all(len(g) == 3 for g in groups)
 
