@@ -455,3 +455,16 @@ def test_a_streamed_answer_from_a_vllm_server_records_time_to_first_token_and_in
     # One frame per token: as many gaps as tokens after the first (a piece per ~4 characters).
     assert hop.output_tokens // 2 <= gaps + 1 <= hop.output_tokens
     vllm.process.stop()
+
+
+def test_a_stream_longer_than_the_response_cap_is_a_bad_response_and_not_failed_over(
+    tmp_path: Path, ch1: Sim, ch2: Sim
+) -> None:
+    gateway = gateway_for(tmp_path, ch1.url, ch2.url, FATURA_PROVIDER_MAX_RESPONSE_BYTES="1024")
+    # When channel 1 streams an answer of more than the 1,024 bytes the gateway reads
+    result = call(gateway)
+    # Then the hop ends as a bad response counted on the decompressed bytes, and channel 2 is not asked
+    assert result.error_class is ErrorClass.BAD_RESPONSE
+    assert outcomes(result) == [("ch1", "bad_response")]
+    assert result.error_message == "too large"
+    assert (ch1.requests(), ch2.requests()) == (1, 0)

@@ -10,7 +10,7 @@ import pytest
 
 from services.common.settings import SettingsError
 from services.inference.providers.catalog import CatalogError, load_catalog, parse_catalog
-from services.inference.providers.frames import Completion, Frame, parse_body
+from services.inference.providers.frames import Completion, Frame, parse_body, sse_lines
 from services.inference.providers.gateway import Gateway
 from services.inference.providers.settings import DEFAULT_CONFIG, GatewaySettings
 
@@ -131,6 +131,42 @@ def test_sse_lines_make_events_and_comments_are_ignored() -> None:
     ]
     assert frames == [None, None, None, Frame.CONTENT]
     assert c.content == "hi"
+
+
+@pytest.mark.parametrize(
+    ("chunks", "lines"),
+    [
+        ([b"data: a\n\ndata: b\n\n"], ["data: a", "", "data: b", ""]),
+        ([b"data: a\r\n\r\n"], ["data: a", ""]),
+        ([b"data: a\r\rdata: b\r"], ["data: a", "", "data: b"]),
+        ([b"data: a\r", b"\n\r", b"\n"], ["data: a", ""]),  # CRLF split across chunks
+        ([b"da", b"ta: ", b"a\n"], ["data: a"]),
+        ([b"data: \xc3", b"\xa7\n"], ["data: \u00e7"]),  # a UTF-8 character split across chunks
+        ([b"data: a\n", b"", b"data: b"], ["data: a", "data: b"]),  # the last line has no terminator
+        ([b"data: \xff\n"], ["data: \ufffd"]),
+        ([b"\n\n"], ["", ""]),
+        ([], []),
+    ],
+)
+def test_sse_lines_split_bytes_on_every_terminator_wherever_the_chunks_break(
+    chunks: list[bytes], lines: list[str]
+) -> None:
+    assert list(sse_lines(chunks)) == lines
+
+
+def test_a_stream_read_byte_by_byte_gives_the_same_completion_as_in_one_chunk() -> None:
+    stream = (
+        b": keep-alive\r\n\r\n"
+        b'data: {"model": "m", "choices": [{"delta": {"content": "\xc3\xa7a"}}]}\r\n\r\n'
+        b'data: {"choices": [{"delta": {}, "finish_reason": "stop"}]}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    whole, bytewise = Completion(), Completion()
+    frames = [whole.feed_line(line) for line in sse_lines([stream])]
+    split = [bytewise.feed_line(line) for line in sse_lines(stream[i : i + 1] for i in range(len(stream)))]
+    assert frames == split
+    assert [f for f in frames if f is not None] == [Frame.CONTENT, Frame.CONTENT, Frame.DONE]
+    assert (bytewise.content, bytewise.finish_reason, bytewise.done) == ("\u00e7a", "stop", True)
 
 
 def test_a_plain_json_answer_is_read_as_one_completion() -> None:

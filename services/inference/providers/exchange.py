@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
@@ -26,7 +27,14 @@ import httpx
 from services.inference.providers.base import ErrorClass, ProviderRequest
 from services.inference.providers.catalog import Channel
 from services.inference.providers.classify import exception_error_class, retry_after_ms, status_error_class
-from services.inference.providers.frames import BadCompletion, Completion, Frame, error_message, parse_body
+from services.inference.providers.frames import (
+    BadCompletion,
+    Completion,
+    Frame,
+    error_message,
+    parse_body,
+    sse_lines,
+)
 from services.inference.providers.settings import GatewaySettings
 from services.inference.providers.watchdog import Watchdog
 
@@ -185,28 +193,27 @@ def _read_frames(
     status = response.status_code
     opened = time.monotonic()
     committed = False
-    size = 0
     completion = Completion()
-    for line in response.iter_lines():
-        size += len(line) + 1
-        if size > settings.max_response_bytes:
-            return HopOutcome(
-                ErrorClass.BAD_RESPONSE, sent=True, committed=True, http_status=status, message="too large"
-            )
-        texts = len(completion.parts)
-        frame = completion.feed_line(line)
-        now = time.monotonic()
-        if not committed and now - opened >= settings.stream_gate_s:
-            committed = True  # nothing decisive within the gate: a slow model is not a broken one
-        if frame is Frame.CONTENT and (len(completion.parts) > texts or not token_times):
-            token_times.append(now)  # the first decisive frame, then each one that carries text
-        if frame is not None:
-            outcome = _step(completion, frame, status, committed)
-            if outcome is not None:
-                return outcome
-            committed = committed or frame is Frame.CONTENT
-        if now >= deadline and not completion.done:
-            return HopOutcome(ErrorClass.DEADLINE, sent=True, committed=committed, http_status=status)
+    try:
+        for line in sse_lines(_capped(response.iter_bytes(), settings.max_response_bytes)):
+            texts = len(completion.parts)
+            frame = completion.feed_line(line)
+            now = time.monotonic()
+            if not committed and now - opened >= settings.stream_gate_s:
+                committed = True  # nothing decisive within the gate: a slow model is not a broken one
+            if frame is Frame.CONTENT and (len(completion.parts) > texts or not token_times):
+                token_times.append(now)  # the first decisive frame, then each one that carries text
+            if frame is not None:
+                outcome = _step(completion, frame, status, committed)
+                if outcome is not None:
+                    return outcome
+                committed = committed or frame is Frame.CONTENT
+            if now >= deadline and not completion.done:
+                return HopOutcome(ErrorClass.DEADLINE, sent=True, committed=committed, http_status=status)
+    except _TooLarge:
+        return HopOutcome(
+            ErrorClass.BAD_RESPONSE, sent=True, committed=True, http_status=status, message="too large"
+        )
     frame = completion.finish()
     if frame is not None:
         outcome = _step(completion, frame, status, committed)
@@ -269,6 +276,16 @@ def _finish(completion: Completion, status: int, *, committed: bool) -> HopOutco
 
 class _TooLarge(Exception):
     pass
+
+
+def _capped(chunks: Iterator[bytes], cap: int) -> Iterator[bytes]:
+    """``chunks`` until more than ``cap`` bytes (decompressed) came, then ``_TooLarge``."""
+    size = 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size > cap:
+            raise _TooLarge
+        yield chunk
 
 
 def _read_capped(response: httpx.Response, cap: int, *, truncate: bool = False) -> bytes:
