@@ -4,6 +4,7 @@ every sample extraction, and on those extractions with any one field replaced by
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import fastjsonschema
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from json_paths import json_paths
 
-from services.inference.validation._parse import fast_validator, schema_validator
+from services.inference.validation._parse import SCHEMA_PATH, fast_validator, inline_refs, schema_validator
 from services.sandbox.provider.extract import extract
 from services.sandbox.samples import load_samples
 
@@ -55,3 +56,13 @@ def test_both_checks_agree_when_any_one_field_is_replaced(data: st.DataObject, r
         target = target[key]
     target[path[-1]] = replacement
     assert _agree(document)
+
+
+def test_the_compiled_check_reads_the_schema_with_its_definitions_written_in_place() -> None:
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    inlined = inline_refs(schema)
+    assert '"$ref"' in json.dumps(schema) and '"$ref"' not in json.dumps({**inlined, "$defs": None})
+    assert inlined["properties"]["total"] == schema["$defs"]["decimal"]
+    # A $ref beside other keywords means both; it is left as it is, and so is what it refers to
+    both = {"$defs": {"d": {"type": "string"}}, "$ref": "#/$defs/d", "minLength": 2}
+    assert inline_refs(both) == both

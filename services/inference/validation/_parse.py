@@ -40,10 +40,35 @@ class _BrokenJson(ValueError):
 def fast_validator() -> Callable[[Any], Any]:
     """The same schema compiled to Python by fastjsonschema: about fifteen times faster on a valid
     answer (the common case). jsonschema stays the reference: it decides, and names the error,
-    whenever the compiled check refuses a document."""
+    whenever the compiled check refuses a document.
+
+    The schema's ``$ref``s are written out in place first: fastjsonschema compiles each ``$ref`` to
+    a call that formats the path of the value it checks before it checks anything, which was half
+    of the check's time on an answer with a span per field (97 -> 42 us on the samples)."""
     schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
-    check: Callable[[Any], Any] = fastjsonschema.compile(schema, formats={"date": _is_date})
+    check: Callable[[Any], Any] = fastjsonschema.compile(inline_refs(schema), formats={"date": _is_date})
     return check
+
+
+def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with every ``{"$ref": "#/$defs/<name>"}`` replaced by that definition; the same
+    document validates the same way. Only a ``$ref`` alone in its object is replaced (beside other
+    keywords it means both, which a copy would not say), so ``$defs`` stays for any other; the
+    schema's definitions do not refer to themselves, so the copy ends."""
+    definitions: dict[str, Any] = schema.get("$defs", {})
+
+    def copy(node: Any) -> Any:
+        if isinstance(node, list):
+            return [copy(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if len(node) == 1 and isinstance(ref, str) and ref.startswith("#/$defs/"):
+            return copy(definitions[ref.removeprefix("#/$defs/")])
+        return {key: copy(value) for key, value in node.items()}
+
+    inlined: dict[str, Any] = copy(schema)
+    return inlined
 
 
 def _is_date(value: str) -> bool:
