@@ -13,12 +13,17 @@ migration 0007) when ``FATURA_DB_ROLES`` is on, so it holds only that role's gra
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+import psycopg
 from psycopg import AsyncConnection, Connection
+from psycopg.adapt import AdaptersMap
 from psycopg.rows import DictRow, dict_row
+from psycopg.types.json import set_json_dumps
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from services.common.settings import CommonSettings
@@ -62,6 +67,22 @@ KEEPALIVES: dict[str, Any] = {
 }
 
 
+def jsonb_dumps(value: Any) -> bytes | str:
+    """A ``Jsonb``/``Json`` parameter as JSON text: orjson's bytes (a tenth of the stdlib's time on
+    a result or an event payload), or the stdlib's text for what orjson refuses (an int past 64
+    bits, a type it does not know), so nothing that stored before fails now. The two differ only
+    where jsonb cannot tell (spacing, escapes), and in that orjson writes a NaN float as null where
+    the stdlib writes ``NaN``, which PostgreSQL refuses."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:  # orjson.JSONEncodeError
+        return json.dumps(value)
+
+
+# The adapters of every session opened here: psycopg's defaults, with JSON dumped by jsonb_dumps.
+ADAPTERS = AdaptersMap(psycopg.adapters)
+set_json_dumps(jsonb_dumps, ADAPTERS)
+
 # A database role name goes into libpq's options string: only plain identifiers.
 _DB_ROLE = re.compile(r"^fatura_[a-z]{1,40}$")
 
@@ -83,6 +104,7 @@ def session_kwargs(
     return {
         "application_name": f"fatura-{name}",
         "row_factory": dict_row,
+        "context": ADAPTERS,
         "autocommit": autocommit,
         "options": options,
         **KEEPALIVES,

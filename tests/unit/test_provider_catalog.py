@@ -169,6 +169,14 @@ def test_a_stream_read_byte_by_byte_gives_the_same_completion_as_in_one_chunk() 
     assert (bytewise.content, bytewise.finish_reason, bytewise.done) == ("\u00e7a", "stop", True)
 
 
+def test_a_frame_orjson_refuses_is_read_as_leniently_as_before() -> None:
+    c = Completion()
+    assert c.feed('{"choices": [{"delta": {"content": "\\ud800x"}}], "score": NaN}') is Frame.CONTENT
+    assert c.content == "\ud800x"  # validation then refuses the unpaired surrogate as a model error
+    assert c.feed('{"choices": [], "usage": {"prompt_tokens": 18446744073709551616}}') is Frame.PENDING
+    assert c.input_tokens is None  # past 64 bits: not a token count
+
+
 def test_a_plain_json_answer_is_read_as_one_completion() -> None:
     body = b'{"model": "m", "choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]}'
     assert parse_body(body).content == "ok"

@@ -23,6 +23,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
 import httpx
+import orjson
 
 from services.inference.providers.base import ErrorClass, ProviderRequest
 from services.inference.providers.catalog import Channel
@@ -44,6 +45,7 @@ _ERROR_BODY_MAX = 64 * 1024  # an error's body is read only for its message
 # client would have added.
 _HEADERS = {
     "accept": "text/event-stream",
+    "content-type": "application/json",
     "accept-encoding": "gzip, deflate",
     "connection": "keep-alive",
     "user-agent": "fatura-inference/1",
@@ -104,7 +106,7 @@ def exchange(
     http_request = httpx.Request(
         "POST",
         channel.url,
-        json=request_body(channel, request),
+        content=orjson.dumps(request_body(channel, request)),  # httpx's json= is the stdlib's, 5x slower
         headers=headers,
         extensions={"timeout": timeout.as_dict()},
     )

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+import orjson
+
 
 class Frame(StrEnum):
     CONTENT = "content"  # decisive: text, a tool call or a finish reason
@@ -73,7 +75,7 @@ class Completion:
             self.done = True
             return Frame.DONE
         try:
-            chunk = json.loads(data)
+            chunk = _loads(data)
         except ValueError:
             return Frame.BAD
         if not isinstance(chunk, dict):
@@ -145,6 +147,16 @@ def sse_lines(chunks: Iterable[bytes]) -> Iterator[str]:
             yield piece.rstrip(b"\r\n").decode("utf-8", "replace") if len(piece) > 1 else ""
     if pending:
         yield b"".join(pending).rstrip(b"\r\n").decode("utf-8", "replace")
+
+
+def _loads(data: str) -> Any:
+    """A frame's JSON: orjson, a third of the stdlib's time; what orjson refuses (NaN, an
+    unpaired surrogate escape, a number past a double) gets the stdlib's lenient reading, as
+    before. An integer past 64 bits reads as a float, so it is no token count."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
 
 
 def parse_body(body: bytes) -> Completion:
