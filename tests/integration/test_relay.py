@@ -6,14 +6,17 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from fix_amqp import Delivered, QueueReader
 from fix_api import SubmitFn
 from fix_db import SyncPool, TenantHandle
 from fix_processes import ServiceProcess, SpawnFn
+from services.acceptance.relay import Q as RELAY_Q
 from services.common.procs import free_port
 
 StartRelay = Callable[..., ServiceProcess]
@@ -184,3 +187,50 @@ def test_an_event_type_nobody_consumes_is_never_marked_published(
     assert "fatura_outbox_unroutable_total 1.0" in httpx.get(f"{relay.base_url}/metrics").text
     with pool.connection() as conn:  # leave no poison behind for later tests
         conn.execute("DELETE FROM outbox_events WHERE event_type = 'extraction.mystery.v1'")
+
+
+def _claim_blocks(pool: SyncPool, first_statement: str) -> int:
+    """Buffers one claim_batch touches after ``first_statement`` in its transaction (rolled back)."""
+    with pool.connection() as conn, conn.transaction():
+        conn.execute(first_statement)
+        row = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + RELAY_Q["claim_batch"],
+            {"limit": 200, "claim_seconds": 30, "relay_id": "plan-test"},
+        ).fetchone()
+        assert row is not None
+        plan: dict[str, Any] = row["QUERY PLAN"][0]["Plan"]
+        raise psycopg.Rollback  # EXPLAIN ANALYZE ran the claim: nothing of it stays
+    return int(plan["Shared Hit Blocks"]) + int(plan.get("Shared Read Blocks", 0))
+
+
+def test_a_claim_steps_over_events_published_since_instead_of_visiting_each_of_them(
+    pool: SyncPool, tenant: TenantHandle
+) -> None:
+    # Given 5,000 events published since the table was last vacuumed (their entries in the index of
+    # unpublished events are dead, pointing at rows that left it)
+    with pool.connection() as conn:
+        conn.execute(
+            "INSERT INTO outbox_events (event_id, tenant_id, event_type, payload) "
+            "SELECT gen_random_uuid(), %s, 'test.published.v1', jsonb_build_object('pad', repeat('x', 400)) "
+            "FROM generate_series(1, 5000)",
+            (tenant.id,),
+        )
+    with pool.connection() as conn:
+        conn.execute(
+            "UPDATE outbox_events SET published_at = now() WHERE tenant_id = %s AND published_at IS NULL",
+            (tenant.id,),
+        )
+    try:
+        # When claims read that index by bitmap (the plan for few expected rows), they mark nothing
+        # dead, and each visits every published row's page again
+        _claim_blocks(pool, "SET LOCAL enable_indexscan = off")
+        by_bitmap = _claim_blocks(pool, "SET LOCAL enable_indexscan = off")
+        assert by_bitmap > 100
+        # Then a claim as the relay makes it (in index order) marks the dead entries once, and the
+        # next steps over them
+        _claim_blocks(pool, RELAY_Q["claim_by_index"])
+        in_order = _claim_blocks(pool, RELAY_Q["claim_by_index"])
+        assert in_order * 5 < by_bitmap, (in_order, by_bitmap)
+    finally:
+        with pool.connection() as conn:
+            conn.execute("DELETE FROM outbox_events WHERE tenant_id = %s", (tenant.id,))

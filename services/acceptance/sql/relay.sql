@@ -20,6 +20,14 @@ FROM batch
 WHERE o.event_id = batch.event_id
 RETURNING o.event_id, o.event_type, o.payload, o.created_at, batch.previous_claimer
 
+-- name: claim_by_index
+-- Run before claim_batch in its transaction. The claim reads outbox_events_unpublished in index
+-- order, which marks the entries of events published since (dead to every snapshot) as dead in the
+-- index, so the next claim steps over them without a heap visit. A bitmap scan, the plan chosen
+-- when few rows are expected to be unpublished, marks nothing: each claim then visited every row
+-- published since the last VACUUM (31,190 of them, 6.8 ms, after 12,200 jobs without one).
+SET LOCAL enable_bitmapscan = off
+
 -- name: mark_published
 UPDATE outbox_events
 SET published_at = now(), claimed_until = NULL
