@@ -19,6 +19,7 @@ from services.common.db import SyncPool, sync_pool
 from services.common.migrate import migrate
 from services.common.settings import CommonSettings
 from services.inference.claims import Claims, Completion, Started
+from services.inference.claims import Q as CLAIMS_Q
 from services.limiter.model import Grant
 
 
@@ -220,3 +221,34 @@ def test_a_permit_granted_inside_a_claim_whose_transaction_fails_is_released_as_
             "SELECT state, attempt FROM extraction_jobs WHERE tenant_id = %s", (tenant_id,)
         ).fetchone()
     assert row is not None and (row["state"], row["attempt"]) == ("READY", 0)
+
+
+def _buffers(pool: SyncPool, query: str, params: dict[str, Any]) -> int:
+    """Buffers ``query`` touches, run under EXPLAIN ANALYZE in a transaction rolled back after."""
+    with pool.connection() as conn, conn.transaction():
+        row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params).fetchone()
+        assert row is not None
+        plan: dict[str, Any] = row["QUERY PLAN"][0]["Plan"]
+        raise psycopg.Rollback  # the head's row lock goes with it
+    return int(plan["Shared Hit Blocks"]) + int(plan.get("Shared Read Blocks", 0))
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["no-statistics", "analyzed"])
+def test_a_tenants_next_job_is_found_among_its_own_jobs_however_long_anothers_backlog(
+    fresh_pool: SyncPool, analyzed: bool
+) -> None:
+    # Given tenant A's 5,000 queued jobs, all older than tenant B's one
+    a = create_tenant(fresh_pool, TenantSpec(name="a"))[0]
+    b = create_tenant(fresh_pool, TenantSpec(name="b"))[0]
+    _queue_jobs(fresh_pool, a, 5000, age_s=3600)
+    _queue_jobs(fresh_pool, b, 1)
+    if analyzed:  # what autovacuum's ANALYZE leaves the planner; without it, its defaults
+        with fresh_pool.connection() as conn:
+            conn.execute("ANALYZE extraction_jobs")
+    # When a claim reads B's head and the loads of both tenants
+    head = _buffers(fresh_pool, CLAIMS_Q["head_job"], {"tenant_id": b, "priority": "batch"})
+    loads = _buffers(fresh_pool, CLAIMS_Q["tenant_loads"], {})
+    # Then B's head costs a few index pages, not a walk of A's jobs in time order (5,000 heap
+    # fetches), and the loads a few pages per tenant
+    assert head < 30, head
+    assert loads < 60, loads

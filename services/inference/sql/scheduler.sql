@@ -60,7 +60,8 @@ FROM (SELECT 1 FROM extraction_jobs
 
 -- name: runnable_backlog
 -- The exact runnable backlog and its oldest eligible job, per priority: one index-only scan of
--- extraction_jobs_backlog per priority, never capped (migration 0015 measures it).
+-- extraction_jobs_backlog per priority, never capped (migration 0015 measures it; 0026 puts the
+-- tenant after the priority, which the count reads through either way).
 SELECT p.priority, b.due, b.oldest, now() AS now
 FROM unnest(%(priorities)s::text[]) AS p (priority)
 CROSS JOIN LATERAL (
