@@ -19,7 +19,8 @@ from fix_processes import SpawnFn, start_edge
 from services.common.procs import free_port
 
 # What a provider and a worker write: a host name, a port, a pid. None of it is the tenant's business.
-PROVIDER_TEXT = "upstream gpu-node-17.provider.internal:8443 overloaded (req 9f2c, pid 4711)"
+# Fragments that no id or timestamp of the answer can contain by chance (not hex, not bare digits).
+PROVIDER_TEXT = "upstream gpu-node-17.provider.internal:port-8443 overloaded (req zq-9f2c, pid wk-4711)"
 WORKER = "inference-7f9c.cluster.local:4711"
 
 
@@ -71,7 +72,7 @@ def test_the_tenant_reads_a_stable_class_and_the_operator_the_raw_text(
 
     assert status.status_code == 200 and ops.status_code == 200, (status.text, ops.text)
     assert status.json()["error"]["class"] == "server_error"
-    for secret in ("gpu-node-17", "8443", "4711", "inference-7f9c", "9f2c"):
+    for secret in ("gpu-node-17", "port-8443", "wk-4711", "inference-7f9c", "zq-9f2c"):
         assert secret not in status.text
     view = ops.json()
     assert view["tenant_id"] == str(tenant.id) and view["state"] == "FAILED_TERMINAL"
