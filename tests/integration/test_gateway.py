@@ -113,6 +113,32 @@ class Refuser:
         self.server.server_close()
 
 
+class Streamer:
+    """A provider that answers every call with one fixed SSE stream, byte for byte (the simulator's
+    extraction reads U+2028 as a line break, so it never sends one)."""
+
+    def __init__(self, stream: bytes) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", "0")))
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("content-length", str(len(stream)))
+                self.end_headers()
+                self.wfile.write(stream)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 @dataclass
 class RecordingPermits:
     """The worker's limiter permits, as the gateway sees them; ``deny`` refuses a pool."""
@@ -468,3 +494,22 @@ def test_a_stream_longer_than_the_response_cap_is_a_bad_response_and_not_failed_
     assert outcomes(result) == [("ch1", "bad_response")]
     assert result.error_message == "too large"
     assert (ch1.requests(), ch2.requests()) == (1, 0)
+
+
+def test_a_frame_holding_unicode_line_separators_unescaped_is_read_whole(tmp_path: Path, ch2: Sim) -> None:
+    # Given a provider whose answer holds U+2028, U+2029 and NEL raw inside a JSON string (JSON
+    # allows them unescaped; SSE ends a line at CR or LF only)
+    text = "Toner\u2028HP 85A\u2029x\x85y"
+    frames = [
+        {"model": MODEL, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    stream = b"".join(b"data: " + json.dumps(f, ensure_ascii=False).encode() + b"\n\n" for f in frames)
+    provider = Streamer(stream + b"data: [DONE]\n\n")
+    try:
+        result = call(gateway_for(tmp_path, provider.url, ch2.url))
+    finally:
+        provider.close()
+    # Then the frame is one frame: the answer is the text, from the first channel
+    assert outcomes(result) == [("ch1", "ok")]
+    assert result.content == text

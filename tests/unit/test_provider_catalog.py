@@ -145,6 +145,9 @@ def test_sse_lines_make_events_and_comments_are_ignored() -> None:
         ([b"data: a\n", b"", b"data: b"], ["data: a", "data: b"]),  # the last line has no terminator
         ([b"data: \xff\n"], ["data: \ufffd"]),
         ([b"\n\n"], ["", ""]),
+        # SSE ends lines at CR and LF only: a JSON string may hold U+2028, U+2029 or NEL unescaped
+        # (str.splitlines, and so httpx's iter_lines, broke such a frame in two)
+        (["data: a\u2028b\u2029c\x85d\n".encode()], ["data: a\u2028b\u2029c\x85d"]),
         ([], []),
     ],
 )
