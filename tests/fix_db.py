@@ -113,3 +113,16 @@ def count_rows(pool: SyncPool, tenant_id: uuid.UUID) -> dict[str, int]:
         ).fetchone()
     assert row is not None
     return {k: int(v) for k, v in row.items()}
+
+
+def buffers_touched(pool: SyncPool, query: str, params: dict[str, Any], *, after: str | None = None) -> int:
+    """The shared buffers ``query`` touches, run under EXPLAIN ANALYZE (after the statement
+    ``after`` names, such as a SET LOCAL, in the same transaction), all of it rolled back."""
+    with pool.connection() as conn, conn.transaction():
+        if after is not None:
+            conn.execute(after)
+        row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params).fetchone()
+        assert row is not None
+        plan: dict[str, Any] = row["QUERY PLAN"][0]["Plan"]
+        raise psycopg.Rollback  # EXPLAIN ANALYZE ran the statement: nothing of it stays
+    return int(plan["Shared Hit Blocks"]) + int(plan.get("Shared Read Blocks", 0))

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from fix_db import drop_database, recreate_database
+from fix_db import buffers_touched, drop_database, recreate_database
 from services.acceptance.tenants import TenantSpec, create_tenant
 from services.common import states
 from services.common.db import SyncPool, sync_pool
@@ -223,16 +223,6 @@ def test_a_permit_granted_inside_a_claim_whose_transaction_fails_is_released_as_
     assert row is not None and (row["state"], row["attempt"]) == ("READY", 0)
 
 
-def _buffers(pool: SyncPool, query: str, params: dict[str, Any]) -> int:
-    """Buffers ``query`` touches, run under EXPLAIN ANALYZE in a transaction rolled back after."""
-    with pool.connection() as conn, conn.transaction():
-        row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params).fetchone()
-        assert row is not None
-        plan: dict[str, Any] = row["QUERY PLAN"][0]["Plan"]
-        raise psycopg.Rollback  # the head's row lock goes with it
-    return int(plan["Shared Hit Blocks"]) + int(plan.get("Shared Read Blocks", 0))
-
-
 @pytest.mark.parametrize("analyzed", [False, True], ids=["no-statistics", "analyzed"])
 def test_a_tenants_next_job_is_found_among_its_own_jobs_however_long_anothers_backlog(
     fresh_pool: SyncPool, analyzed: bool
@@ -246,8 +236,8 @@ def test_a_tenants_next_job_is_found_among_its_own_jobs_however_long_anothers_ba
         with fresh_pool.connection() as conn:
             conn.execute("ANALYZE extraction_jobs")
     # When a claim reads B's head and the loads of both tenants
-    head = _buffers(fresh_pool, CLAIMS_Q["head_job"], {"tenant_id": b, "priority": "batch"})
-    loads = _buffers(fresh_pool, CLAIMS_Q["tenant_loads"], {})
+    head = buffers_touched(fresh_pool, CLAIMS_Q["head_job"], {"tenant_id": b, "priority": "batch"})
+    loads = buffers_touched(fresh_pool, CLAIMS_Q["tenant_loads"], {})
     # Then B's head costs a few index pages, not a walk of A's jobs in time order (5,000 heap
     # fetches), and the loads a few pages per tenant
     assert head < 30, head

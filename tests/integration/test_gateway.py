@@ -80,26 +80,23 @@ def ch2(sims: tuple[Sim, Sim]) -> Iterator[Sim]:
     sims[1].reset()
 
 
-class Refuser:
-    """A provider that answers every call with one fixed error status (the simulator's faults are
-    5xx only; 402 insufficient balance needs this)."""
+class FixedProvider:
+    """A provider that gives every call the same answer (one the simulator does not send), and
+    counts the calls."""
 
-    def __init__(self, status: int) -> None:
+    def __init__(self, status: int, content_type: str, body: bytes) -> None:
         self.calls = 0
-        refuser = self
+        provider = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                refuser.calls += 1
+                provider.calls += 1
                 self.rfile.read(int(self.headers.get("content-length", "0")))
-                body = json.dumps(
-                    {"error": {"message": "Insufficient balance", "type": "billing", "code": None}}
-                )
                 self.send_response(status)
-                self.send_header("content-type", "application/json")
+                self.send_header("content-type", content_type)
                 self.send_header("content-length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body.encode())
+                self.wfile.write(body)
 
             def log_message(self, *_: Any) -> None:
                 pass
@@ -113,30 +110,17 @@ class Refuser:
         self.server.server_close()
 
 
-class Streamer:
-    """A provider that answers every call with one fixed SSE stream, byte for byte (the simulator's
-    extraction reads U+2028 as a line break, so it never sends one)."""
+def refuser(status: int) -> FixedProvider:
+    """Every call answered with one error status (the simulator's faults are 5xx only; 402
+    insufficient balance needs this)."""
+    body = {"error": {"message": "Insufficient balance", "type": "billing", "code": None}}
+    return FixedProvider(status, "application/json", json.dumps(body).encode())
 
-    def __init__(self, stream: bytes) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length", "0")))
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
-                self.send_header("content-length", str(len(stream)))
-                self.end_headers()
-                self.wfile.write(stream)
 
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+def streamer(stream: bytes) -> FixedProvider:
+    """Every call answered with one SSE stream, byte for byte (the simulator's extraction reads
+    U+2028 as a line break, so it never sends one)."""
+    return FixedProvider(200, "text/event-stream", stream)
 
 
 @dataclass
@@ -311,7 +295,7 @@ def test_a_400_is_final_and_not_failed_over(tmp_path: Path, ch1: Sim, ch2: Sim) 
 
 def test_a_402_is_final_and_not_failed_over(tmp_path: Path, ch2: Sim) -> None:
     # Given the cheapest channel's account has run out of balance
-    broke = Refuser(402)
+    broke = refuser(402)
     try:
         result = call(gateway_for(tmp_path, broke.url, ch2.url))
     finally:
@@ -505,7 +489,7 @@ def test_a_frame_holding_unicode_line_separators_unescaped_is_read_whole(tmp_pat
         {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
     ]
     stream = b"".join(b"data: " + json.dumps(f, ensure_ascii=False).encode() + b"\n\n" for f in frames)
-    provider = Streamer(stream + b"data: [DONE]\n\n")
+    provider = streamer(stream + b"data: [DONE]\n\n")
     try:
         result = call(gateway_for(tmp_path, provider.url, ch2.url))
     finally:

@@ -6,15 +6,13 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import httpx
-import psycopg
 import pytest
 
 from fix_amqp import Delivered, QueueReader
 from fix_api import SubmitFn
-from fix_db import SyncPool, TenantHandle
+from fix_db import SyncPool, TenantHandle, buffers_touched
 from fix_processes import ServiceProcess, SpawnFn
 from services.acceptance.relay import Q as RELAY_Q
 from services.common.procs import free_port
@@ -190,17 +188,8 @@ def test_an_event_type_nobody_consumes_is_never_marked_published(
 
 
 def _claim_blocks(pool: SyncPool, first_statement: str) -> int:
-    """Buffers one claim_batch touches after ``first_statement`` in its transaction (rolled back)."""
-    with pool.connection() as conn, conn.transaction():
-        conn.execute(first_statement)
-        row = conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + RELAY_Q["claim_batch"],
-            {"limit": 200, "claim_seconds": 30, "relay_id": "plan-test"},
-        ).fetchone()
-        assert row is not None
-        plan: dict[str, Any] = row["QUERY PLAN"][0]["Plan"]
-        raise psycopg.Rollback  # EXPLAIN ANALYZE ran the claim: nothing of it stays
-    return int(plan["Shared Hit Blocks"]) + int(plan.get("Shared Read Blocks", 0))
+    params = {"limit": 200, "claim_seconds": 30, "relay_id": "plan-test"}
+    return buffers_touched(pool, RELAY_Q["claim_batch"], params, after=first_statement)
 
 
 def test_a_claim_steps_over_events_published_since_instead_of_visiting_each_of_them(
