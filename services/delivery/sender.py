@@ -9,6 +9,7 @@ Whatever the receiver answers becomes an ``AttemptResult``: a status, or an erro
 
 from __future__ import annotations
 
+import functools
 import ssl
 import threading
 import time
@@ -269,7 +270,7 @@ class Sender:
             extensions["sni_hostname"] = target.host
         request = httpx.Request(
             "POST",
-            request_url,
+            _parsed(request_url),
             content=body,
             headers={
                 **_DEFAULT_HEADERS,
@@ -306,6 +307,13 @@ class Sender:
             if len(kept) >= cap:
                 break  # the rest is never read: closing the response drops the connection
         return bytes(kept)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(url: str) -> httpx.URL:
+    """A request URL (the vetted address, so one per endpoint and address), parsed once: httpx
+    parses a str on every request (8.6 µs here) and only copies a URL (0.3 µs)."""
+    return httpx.URL(url)
 
 
 def _ms(started: float) -> int:

@@ -16,6 +16,7 @@ one. After commitment an error ends the attempt without failover.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Iterator
@@ -74,6 +75,13 @@ class HopOutcome:
     token_gaps: tuple[float, ...] = ()
 
 
+@functools.lru_cache(maxsize=1024)
+def _parsed(url: str) -> httpx.URL:
+    """A channel's URL, parsed once: httpx parses a str on every request (8.6 µs here) and only
+    copies a URL (0.3 µs)."""
+    return httpx.URL(url)
+
+
 def request_body(channel: Channel, request: ProviderRequest) -> dict[str, object]:
     return {
         "model": channel.upstream_model,
@@ -105,7 +113,7 @@ def exchange(
     timeout = httpx.Timeout(connect=connect, read=header_wait, write=remaining, pool=connect)
     http_request = httpx.Request(
         "POST",
-        channel.url,
+        _parsed(channel.url),
         content=orjson.dumps(request_body(channel, request)),  # httpx's json= is the stdlib's, 5x slower
         headers=headers,
         extensions={"timeout": timeout.as_dict()},
