@@ -65,7 +65,7 @@ PROCESSES: tuple[ProcessSpec, ...] = (
     ),
     ProcessSpec(
         "http",
-        "services.edge.server:main",
+        "services.cli.http_edge:main",
         "edge: the HTTP API (:8080), mounting the routes of acceptance and delivery",
         "services.acceptance.settings:http_ready_url",
     ),

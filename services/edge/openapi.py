@@ -1,14 +1,16 @@
-"""The OpenAPI 3.1 document served at ``/openapi.json``: each service's paths and schemas (the same
-schemas the server enforces), composed with the edge's own (operator routes, health)."""
+"""The OpenAPI 3.1 document served at ``/openapi.json``: the services' paths and schemas (the same
+schemas the server enforces), handed in by the process that mounts them, composed with the edge's
+own (operator routes, health) and its security schemes."""
 
 from __future__ import annotations
 
-from services.acceptance.http_api import AcceptanceSettings, events_openapi
-from services.acceptance.http_api import openapi_paths as acceptance_openapi
 from services.common.api.openapi import ERROR_SCHEMA, ERRORS, JSON
-from services.delivery.http_api import openapi_paths as delivery_openapi
 from services.edge import ops_schemas
-from services.inference.http_api import review_schemas
+
+# What a route's ``security`` says for each kind of key.
+TENANT_SECURITY: list[JSON] = [{"bearerAuth": []}]
+REVIEWER_SECURITY: list[JSON] = [{"reviewerAuth": []}]
+OPERATOR_SECURITY: list[JSON] = [{"operatorAuth": []}]
 
 
 def _scope_errors(paths: JSON) -> None:
@@ -21,9 +23,8 @@ def _scope_errors(paths: JSON) -> None:
                 operation["responses"].setdefault("429", ERRORS[429])
 
 
-def build(settings: AcceptanceSettings) -> JSON:
-    security: list[JSON] = [{"bearerAuth": []}]
-    operator_security: list[JSON] = [{"operatorAuth": []}]
+def build(components: JSON, paths: JSON) -> JSON:
+    """The document: the services' ``components`` (schemas) and ``paths`` beside the edge's own."""
     document: JSON = {
         "openapi": "3.1.0",
         "info": {
@@ -52,22 +53,13 @@ def build(settings: AcceptanceSettings) -> JSON:
             },
             "schemas": {
                 "Error": ERROR_SCHEMA,
-                **acceptance_openapi.components(settings),
-                **events_openapi.COMPONENTS,
-                **delivery_openapi.COMPONENTS,
+                **components,
                 **ops_schemas.COMPONENTS,
-                **review_schemas.COMPONENTS,
             },
         },
         "paths": {
-            **acceptance_openapi.paths(security),
-            **events_openapi.paths(security),
-            **delivery_openapi.paths(security, ERRORS),
-            **review_schemas.paths([{"reviewerAuth": []}], ERRORS),
-            **ops_schemas.paths(
-                operator_security,
-                ERRORS,
-            ),
+            **paths,
+            **ops_schemas.paths(OPERATOR_SECURITY, ERRORS),
             "/healthz": {
                 "get": {
                     "operationId": "healthz",

@@ -23,7 +23,7 @@ from fix_ops import KeyHandle, make_operator
 from fix_processes import ServiceProcess
 from services.acceptance.keys import create_key
 from services.acceptance.settings import AcceptanceSettings
-from services.edge import openapi
+from services.cli.http_edge import openapi_document
 
 CHECKS = [
     not_a_server_error,
@@ -37,7 +37,7 @@ CHECKS = [
 
 # The document the edge serves is built by this function from the schemas it enforces; the last
 # test below checks that the live /openapi.json is exactly this document.
-DOCUMENT = openapi.build(AcceptanceSettings())
+DOCUMENT = openapi_document(AcceptanceSettings())
 # The event streams stay open until the client leaves, and schemathesis reads a response to its end:
 # their answers (the stream, and each typed error) are checked in test_event_stream.py instead.
 STREAMS = ("/v1/events", "/v1/extraction-jobs/{job_id}/events")

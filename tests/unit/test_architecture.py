@@ -1,7 +1,9 @@
 """The import graph keeps its shape (DESIGN §1, STYLE §11): no service imports another (the limiter's
 public client is the one door into it), ``services/common`` imports no service, and the partner SDK
-stands alone. The HTTP edge mounts each service through that service's one public module for it
-(``http_api``); the CLI and the chaos runner, which start and break every process, may import any."""
+stands alone. The HTTP edge imports no service (but the limiter's client, for its pool view): the
+process that runs it (``services/cli/http_edge.py``) takes each service's routes through that
+service's one public module for it (``http_api``) and hands them in; the CLI and the chaos runner,
+which start and break every process, may import any."""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ SERVICES = ("acceptance", "inference", "delivery", "limiter", "sandbox")
 COMPOSERS = ("edge", "cli", "chaos")
 # The only names one service may import from another.
 PUBLIC = {"services.limiter", "services.limiter.client"}
-# What the HTTP edge may import of a service: the above, and each service's module for the edge.
-EDGE_PUBLIC = PUBLIC | {f"services.{service}.http_api" for service in SERVICES}
+# What the HTTP process may import of a service: each service's module for the edge.
+EDGE_PUBLIC = {f"services.{service}.http_api" for service in SERVICES}
+HTTP_PROCESS = "services/cli/http_edge.py"
 
 
 def _imports(path: Path) -> Iterator[tuple[int, str]]:
@@ -69,10 +72,20 @@ def test_the_partner_sdk_stands_alone() -> None:
     assert found == []
 
 
-def test_the_edge_mounts_each_service_through_its_public_module() -> None:
+def test_the_edge_imports_no_service_but_the_limiter_s_public_client() -> None:
     crossings = [
         f"{path.relative_to(ROOT)}:{line} imports {module}"
         for path in _sources("services/edge")
+        for line, module in _imports(path)
+        if _package(module) in SERVICES and module not in PUBLIC
+    ]
+    assert crossings == []
+
+
+def test_the_http_process_mounts_each_service_through_its_public_module() -> None:
+    path = ROOT / HTTP_PROCESS
+    crossings = [
+        f"{HTTP_PROCESS}:{line} imports {module}"
         for line, module in _imports(path)
         if _package(module) in SERVICES and module not in EDGE_PUBLIC
     ]
@@ -80,6 +93,6 @@ def test_the_edge_mounts_each_service_through_its_public_module() -> None:
 
 
 def test_the_walk_sees_the_imports_it_guards() -> None:
-    # The edge composes acceptance and delivery: a walk that found neither would be blind.
-    edge = {module for path in _sources("services/edge") for _, module in _imports(path)}
-    assert {"services.acceptance.http_api", "services.delivery.http_api"} <= edge
+    # The HTTP process composes acceptance and delivery: a walk that found neither would be blind.
+    mounted = {module for _, module in _imports(ROOT / HTTP_PROCESS)}
+    assert {"services.acceptance.http_api", "services.delivery.http_api"} <= mounted
