@@ -171,6 +171,9 @@ class _Batcher:
         self._queue: list[_Waiting] = []
         self._in_flight = 0
         self._held = threading.Condition(self._lock)  # a held call queued, or the batcher closing
+        # The flusher waits for a first held call (not for one's hold to end): only then does a new
+        # one need to wake it; a call queued later is due no sooner than those it already waits for.
+        self._flusher_idle = False
         self._closing = False
         self._flusher: threading.Thread | None = None
 
@@ -191,7 +194,8 @@ class _Batcher:
                         target=self._flush_held, name="limiter-release", daemon=True
                     )
                     self._flusher.start()
-                self._held.notify()
+                elif self._flusher_idle:
+                    self._held.notify()
                 return
         self._send(batch)
 
@@ -201,7 +205,9 @@ class _Batcher:
             while not self._closing:
                 held = [w.held_until for w in self._queue if w.answered is not None]
                 if not held:
+                    self._flusher_idle = True
                     self._held.wait()
+                    self._flusher_idle = False
                     continue
                 due = min(held) - time.monotonic()
                 if due > 0:
