@@ -51,6 +51,42 @@ def test_with_tracing_off_an_incoming_traceparent_is_passed_on_unchanged() -> No
     assert tracing.current_traceparent() is None
 
 
+@pytest.mark.parametrize(
+    "incoming",
+    [
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",  # refused: all-zero trace id
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  # refused: all-zero span id
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # refused: version ff
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",  # not well-formed: ignored
+        None,
+    ],
+)
+def test_with_tracing_off_a_span_makes_current_what_the_no_op_tracer_would(incoming: str | None) -> None:
+    """The untraced path sets the parent's context itself; the API's no-op tracer is the reference,
+    inside an outer span and alone, and in the log fields' trace id."""
+    _, outer = _traceparent()
+
+    def seen(use_the_api: bool) -> list[object]:
+        def inner() -> list[object]:
+            if use_the_api:
+                context = tracing.parent_context(incoming)
+                with tracing._TRACER.start_as_current_span("x", context=context):
+                    return [tracing.current_traceparent(), logs.context_fields().get("trace_id")]
+            with tracing.span("x", incoming):
+                return [tracing.current_traceparent(), logs.context_fields().get("trace_id")]
+
+        alone = inner()
+        with tracing.span("outer", outer):
+            nested = inner()
+            after = tracing.current_traceparent()
+        return [*alone, *nested, after, tracing.current_traceparent()]
+
+    assert not tracing.enabled()
+    assert seen(use_the_api=False) == seen(use_the_api=True)
+
+
 def test_a_span_continues_another_processes_trace_and_names_itself_to_the_next(
     recorded: InMemorySpanExporter,
 ) -> None:
