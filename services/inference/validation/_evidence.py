@@ -198,7 +198,7 @@ def evidence_reasons(invoice: Mapping[str, Any], source_text: str) -> list[Reaso
         unsupported = _unsupported(pointer, value, matcher, pages, span, text)
         if unsupported is not None:
             reasons.append(unsupported)
-        if text is None:
+        if text is None or not passages:  # most documents address nobody but their reader
             continue
         where = (span["page"], span["start"], span["end"])
         passage = next((p for p in passages if spans_overlap(where, p.range)), None)

@@ -46,6 +46,14 @@ def resolve_span(pages_or_text: str | Sequence[str], span: object) -> str | None
     ``pages_or_text`` is the stored document text (split at form feeds) or its pages already split.
     """
     pages = split_pages(pages_or_text) if isinstance(pages_or_text, str) else pages_or_text
+    # A parsed answer's span is a dict of ints naming existing text: read each field once and
+    # slice. Anything else goes the long way, where span_problem decides (the same conditions).
+    if type(span) is dict:
+        page, start, end = span.get("page"), span.get("start"), span.get("end")
+        if type(page) is int and type(start) is int and type(end) is int and 0 < page <= len(pages):
+            page_text = pages[page - 1]
+            if 0 <= start < end <= len(page_text):
+                return page_text[start:end]
     if span_problem(pages, span) is not None:
         return None
     assert isinstance(span, Mapping)
