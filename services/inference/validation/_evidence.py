@@ -29,8 +29,9 @@ _NUMBER = re.compile(r"\d+(?:[.,'\u2019\u00a0\u202f]\d+)*")
 # French and Swiss layouts group thousands with a plain space ("1 234,56"); tried as a second reading.
 _SPACED_NUMBER = re.compile(r"\d{1,3}(?: \d{3})+(?:[.,]\d+)?")
 _DIGITS = re.compile(r"\d+")
-_DIGIT = re.compile(r"\d")
 _NON_DIGIT = re.compile(r"\D")
+# One to three digits, then groups of three, every separator the same character as the first.
+_THOUSANDS = re.compile(r"\d{1,3}(?:(\D)\d{3}(?:\1\d{3})*)?")
 _WORD = re.compile(r"[^\W\d_]+")
 
 MONTHS: tuple[tuple[str, ...], ...] = (
@@ -72,12 +73,20 @@ def skeleton(text: str) -> str:
     return _SPACE.sub(" ", bare.replace("ı", "i").casefold()).strip()
 
 
-def number_readings(text: str) -> set[Decimal]:
-    """Every number the text may state, each token read as 1.234,56 and as 1,234.56."""
-    readings: set[Decimal] = set()
-    tokens = [*_NUMBER.findall(text), *(t.replace(" ", "") for t in _SPACED_NUMBER.findall(text))]
-    for token in tokens:
-        readings.update(_token_readings(token))
+def number_readings(text: str) -> list[Decimal]:
+    """Every number the text may state, each token read as 1.234,56 and as 1,234.56.
+
+    A list, not a set: a span holds a handful of readings, and hashing a Decimal costs more than
+    comparing it with each of them."""
+    readings: list[Decimal] = []
+    for token in _NUMBER.findall(text):
+        if token.isdecimal():  # digits alone (most tokens): one reading, no separator to try
+            readings.append(Decimal(token))
+        else:
+            readings.extend(_token_readings(token))
+    if " " in text:  # a spaced number needs a plain space
+        for token in _SPACED_NUMBER.findall(text):
+            readings.extend(_token_readings(token.replace(" ", "")))
     return readings
 
 
@@ -94,10 +103,7 @@ def _grouped(token: str) -> bool:
     """Digits, optionally in thousands groups with one kind of separator."""
     if token.isdecimal():  # only digits (\d is str.isdecimal): the common case
         return True
-    if len(set(_DIGIT.sub("", token))) != 1:  # none (an empty token) or several kinds
-        return False
-    head, *groups = _NON_DIGIT.split(token)
-    return 1 <= len(head) <= 3 and all(len(g) == 3 for g in groups)
+    return _THOUSANDS.fullmatch(token) is not None
 
 
 def _number_in(value: str, text: str, *, rate: bool = False) -> bool:
@@ -105,9 +111,9 @@ def _number_in(value: str, text: str, *, rate: bool = False) -> bool:
         wanted = abs(Decimal(value))
     except InvalidOperation:
         return False
+    readings = number_readings(text)
     # A rate may be written as a fraction ("0.20") for a percent the document states ("%20").
-    targets = {wanted, wanted * 100} if rate else {wanted}
-    return not targets.isdisjoint(number_readings(text))
+    return wanted in readings or (rate and wanted * 100 in readings)
 
 
 def _date_in(value: str, text: str) -> bool:
