@@ -24,7 +24,6 @@ from ._model import Reason
 from ._parties import compact_iban, normalize_tax_id
 from ._spans import resolve_span, span_problem, spans_overlap, split_pages
 
-_SPACE = re.compile(r"\s+")
 _NUMBER = re.compile(r"\d+(?:[.,'\u2019\u00a0\u202f]\d+)*")
 # French and Swiss layouts group thousands with a plain space ("1 234,56"); tried as a second reading.
 _SPACED_NUMBER = re.compile(r"\d{1,3}(?: \d{3})+(?:[.,]\d+)?")
@@ -61,16 +60,18 @@ CURRENCY_SIGNS: Mapping[str, tuple[str, ...]] = {
 
 def normalize_space(text: str) -> str:
     """NFKC, every whitespace run (line breaks, form feeds, tabs) as one space, trimmed."""
-    return _SPACE.sub(" ", unicodedata.normalize("NFKC", text)).strip()
+    # str.split() splits where the regex \s matches (both ask str.isspace), so joining the words
+    # is the substitution of every whitespace run, trimmed, without the regex machinery.
+    return " ".join(unicodedata.normalize("NFKC", text).split())
 
 
 def skeleton(text: str) -> str:
     """Case-, accent- and whitespace-blind form for comparing names ("KIRTASİYE" ~ "Kırtasiye")."""
     if text.isascii():  # nothing to decompose or strip, and casefold is lower (most spans)
-        return _SPACE.sub(" ", text.lower()).strip()
+        return " ".join(text.lower().split())
     decomposed = unicodedata.normalize("NFKD", text)
     bare = "".join(c for c in decomposed if not unicodedata.combining(c))
-    return _SPACE.sub(" ", bare.replace("ı", "i").casefold()).strip()
+    return " ".join(bare.replace("ı", "i").casefold().split())
 
 
 def number_readings(text: str) -> list[Decimal]:
