@@ -83,8 +83,12 @@ def iban_reasons(invoice: Mapping[str, Any], context: ValidationContext) -> list
     reasons: list[Reason] = []
     supplier = invoice["supplier"]
     extracted: str | None = supplier["iban"]
+    stated = compact_iban(extracted) if extracted is not None else None
+    in_text = ibans_in_text(context.source_text)
     if extracted is not None:
-        problem = iban_problem(extracted)
+        # An IBAN the text states has passed ISO 13616 already (usually the extracted one): the
+        # check is not run twice on one string.
+        problem = None if stated in in_text else iban_problem(extracted)
         if problem is not None:
             reasons.append(
                 Reason(
@@ -106,7 +110,6 @@ def iban_reasons(invoice: Mapping[str, Any], context: ValidationContext) -> list
             )
         )
     else:
-        stated = compact_iban(extracted) if extracted is not None else None
         expected = compact_iban(master.iban) if master.iban else None
         # A null IBAN is only fine when master data has none; an IBAN master data does not know
         # is a new bank account, exactly what payment fraud looks like.
@@ -120,7 +123,6 @@ def iban_reasons(invoice: Mapping[str, Any], context: ValidationContext) -> list
                     {"iban": stated, "master_data_iban": expected, "tax_id": tax_id},
                 )
             )
-    in_text = ibans_in_text(context.source_text)
     if len(in_text) > 1:
         reasons.append(
             Reason(
