@@ -55,11 +55,17 @@ def arithmetic_reasons(invoice: Mapping[str, Any]) -> list[Reason]:
     reasons: list[Reason] = []
     amounts: list[Decimal] = []
     with localcontext(_EXACT):
+        # within(amount, product, currency) for each line, with its one-step tolerance taken once
+        line_tolerance = tolerance(currency)
         for index, line in enumerate(invoice["lines"]):
-            quantity, unit_price, amount = (Decimal(line[k]) for k in ("quantity", "unit_price", "amount"))
+            quantity, unit_price, amount = (
+                Decimal(line["quantity"]),
+                Decimal(line["unit_price"]),
+                Decimal(line["amount"]),
+            )
             amounts.append(amount)
             product = quantity * unit_price
-            if not within(amount, product, currency):
+            if not abs(amount - product) <= line_tolerance:
                 reasons.append(
                     _mismatch(
                         "arithmetic_line",
