@@ -29,6 +29,9 @@ _NUMBER = re.compile(r"\d+(?:[.,'\u2019\u00a0\u202f]\d+)*")
 _SPACED_NUMBER = re.compile(r"\d{1,3}(?: \d{3})+(?:[.,]\d+)?")
 _DIGITS = re.compile(r"\d+")
 _NON_DIGIT = re.compile(r"\D")
+# A decimal as invoice.v1 writes it (ASCII digits, a point): a text that is exactly such a value
+# has that value among its readings (read as 1,234.56).
+_PLAIN_DECIMAL = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
 # One to three digits, then groups of three, every separator the same character as the first.
 _THOUSANDS = re.compile(r"\d{1,3}(?:(\D)\d{3}(?:\1\d{3})*)?")
 _WORD = re.compile(r"[^\W\d_]+")
@@ -108,6 +111,8 @@ def _grouped(token: str) -> bool:
 
 
 def _number_in(value: str, text: str, *, rate: bool = False) -> bool:
+    if text == value and _PLAIN_DECIMAL.fullmatch(value):  # the common case: no reading needed
+        return True
     try:
         wanted = abs(Decimal(value))
     except InvalidOperation:
@@ -143,16 +148,18 @@ def _currency_in(value: str, text: str) -> bool:
     return any((sign in words) if sign.isascii() and sign.isalpha() else (sign in folded) for sign in signs)
 
 
+# These three hold whenever the span's text is the value itself (a string contains itself), which
+# is how most names and tax ids are answered: the folding is skipped then.
 def _text_in(value: str, text: str) -> bool:
-    return skeleton(value) in skeleton(text)
+    return value == text or skeleton(value) in skeleton(text)
 
 
 def _tax_id_in(value: str, text: str) -> bool:
-    return normalize_tax_id(value) in normalize_tax_id(text)
+    return value == text or normalize_tax_id(value) in normalize_tax_id(text)
 
 
 def _iban_in(value: str, text: str) -> bool:
-    return compact_iban(value) in compact_iban(text)
+    return value == text or compact_iban(value) in compact_iban(text)
 
 
 Matcher = Callable[[str, str], bool]
