@@ -252,8 +252,9 @@ def _unsupported(
 
 def _too_wide(text: str, value: str) -> bool:
     # An ASCII text of at most the slack cannot be wider than any value plus the slack (NFKC and
-    # the whitespace runs only shorten ASCII); the common case skips normalizing both.
-    if len(text) <= SPAN_SLACK_CHARS and text.isascii():
+    # the whitespace runs only shorten ASCII), nor can the value itself; the common cases skip
+    # normalizing both.
+    if (len(text) <= SPAN_SLACK_CHARS and text.isascii()) or text == value:
         return False
     return len(normalize_space(text)) > len(normalize_space(value)) + SPAN_SLACK_CHARS
 
