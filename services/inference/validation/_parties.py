@@ -21,8 +21,11 @@ from services.common.taxids import normalize_tax_id as normalize_tax_id  # share
 
 from ._model import Reason, ValidationContext
 
-# Country code, check digits, then the BBAN in groups separated by at most one space (no line breaks).
-_IBAN_IN_TEXT = re.compile(r"(?<![A-Z0-9])[A-Z]{2}[0-9]{2}(?:[ \u00a0]?[A-Z0-9]){10,32}")
+# Country code, check digits, then the BBAN in groups separated by at most one space (no line breaks),
+# not preceded by a letter or digit. That test follows the first letter, as a two-character
+# look-behind, because a pattern opening with a letter lets the regex engine skip to the next
+# upper-case letter, where one opening with a look-behind is tried at every character.
+_IBAN_IN_TEXT = re.compile(r"[A-Z](?<![A-Z0-9].)[A-Z][0-9]{2}(?:[ \u00a0]?[A-Z0-9]){10,32}")
 _NON_ALNUM = re.compile(r"[^0-9A-Z]")
 
 
