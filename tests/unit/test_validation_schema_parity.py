@@ -12,7 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from json_paths import json_paths
 
-from services.inference.validation._parse import SCHEMA_PATH, fast_validator, inline_refs, schema_validator
+from services.inference.validation._parse import (
+    SCHEMA_PATH,
+    counted_required,
+    fast_validator,
+    inline_refs,
+    schema_validator,
+)
 from services.sandbox.provider.extract import extract
 from services.sandbox.samples import load_samples
 
@@ -66,3 +72,15 @@ def test_the_compiled_check_reads_the_schema_with_its_definitions_written_in_pla
     # A $ref beside other keywords means both; it is left as it is, and so is what it refers to
     both = {"$defs": {"d": {"type": "string"}}, "$ref": "#/$defs/d", "minLength": 2}
     assert inline_refs(both) == both
+
+
+def test_the_compiled_check_counts_the_properties_of_an_object_that_allows_only_what_it_requires() -> None:
+    counted = counted_required(inline_refs(json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))))
+    span = counted["properties"]["evidence"]["additionalProperties"]
+    assert "required" not in span and span["minProperties"] == 3
+    # An object allowing more than it requires, or anything else, keeps its list; data stays data
+    allows_more = {"properties": {"a": {}, "b": {}}, "required": ["a"], "additionalProperties": False}
+    open_object = {"properties": {"a": {}}, "required": ["a"]}
+    data = {"const": {"properties": {"a": {}}, "required": ["a"], "additionalProperties": False}}
+    for schema in (allows_more, open_object, data):
+        assert counted_required(schema) == schema

@@ -44,9 +44,11 @@ def fast_validator() -> Callable[[Any], Any]:
 
     The schema's ``$ref``s are written out in place first: fastjsonschema compiles each ``$ref`` to
     a call that formats the path of the value it checks before it checks anything, which was half
-    of the check's time on an answer with a span per field (97 -> 42 us on the samples)."""
+    of the check's time on an answer with a span per field (97 -> 42 us on the samples). Then a
+    closed object's ``required`` is written as its property count (``counted_required``)."""
     schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
-    check: Callable[[Any], Any] = fastjsonschema.compile(inline_refs(schema), formats={"date": _is_date})
+    compiled = counted_required(inline_refs(schema))
+    check: Callable[[Any], Any] = fastjsonschema.compile(compiled, formats={"date": _is_date})
     return check
 
 
@@ -69,6 +71,42 @@ def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
 
     inlined: dict[str, Any] = copy(schema)
     return inlined
+
+
+def counted_required(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with the ``required`` of every closed object written as ``minProperties``; the
+    same document validates the same way.
+
+    A closed object (``additionalProperties: false``, no ``patternProperties``) that requires every
+    property it lists holds all of them exactly when it holds that many properties. fastjsonschema
+    checks ``required`` with a set difference built per object and ``minProperties`` with len():
+    -22% of the check on the samples, whose answers hold a closed span object per field. Values
+    under ``const``, ``enum``, ``default`` and ``examples`` are data, not schemas, and stay."""
+
+    def copy(node: Any) -> Any:
+        if isinstance(node, list):
+            return [copy(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        out = {key: value if key in _DATA_KEYWORDS else copy(value) for key, value in node.items()}
+        listed, required = out.get("properties"), out.get("required")
+        if (
+            out.get("additionalProperties") is False
+            and isinstance(listed, dict)
+            and isinstance(required, list)
+            and set(required) == set(listed)
+            and "patternProperties" not in out
+            and "minProperties" not in out
+        ):
+            del out["required"]
+            out["minProperties"] = len(listed)
+        return out
+
+    counted: dict[str, Any] = copy(schema)
+    return counted
+
+
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 
 
 def _is_date(value: str) -> bool:
