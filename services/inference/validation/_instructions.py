@@ -126,6 +126,7 @@ def _markers_by_paragraph(text: str) -> Iterator[tuple[int, int, re.Match[str]]]
 
 
 def _may_address_model(text: str) -> bool:
-    # casefold turns a Turkish İ into i + U+0307; without the dot it is the i the keywords have
-    folded = " ".join(text.casefold().replace("\u0307", "").split())
+    # casefold turns a Turkish İ into i + U+0307; without the dot it is the i the keywords have.
+    # It leaves a dotless ı as it is, which the phrases' case-blind match takes for an i.
+    folded = " ".join(text.casefold().replace("\u0307", "").replace("ı", "i").split())
     return any(keyword in folded for keyword in _KEYWORDS)
