@@ -85,6 +85,17 @@ def connect_async(url: str, *, timeout_s: float, max_connections: int) -> redis.
     return redis.asyncio.Redis(connection_pool=pool)
 
 
+async def _send_and_read(conn: Any, packed: list[bytes], count: int) -> list[Any]:
+    await conn.send_packed_command(packed)
+    replies: list[Any] = []
+    for _ in range(count):
+        try:
+            replies.append(await conn.read_response())
+        except redis.exceptions.ResponseError as exc:  # this command's error; the others stand
+            replies.append(exc)
+    return replies
+
+
 class RedisStore:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
@@ -196,11 +207,25 @@ class AsyncRedisStore:
         return [_translate_reply(reply) for reply in replies]
 
     async def _pipeline(self, ops: list[Operation[Any]]) -> list[Any]:
-        pipe = self.client.pipeline(transaction=False)
-        for op in ops:
-            pipe.evalsha(self._sha[op.script], len(op.keys), *op.keys, *op.args)
-        replies: list[Any] = await pipe.execute(raise_on_error=False)
-        return replies
+        """Every op's reply, or the ``ResponseError`` it got, in order. What redis-py's
+        non-transactional ``Pipeline.execute`` does, through the pooled connection's own pack, send
+        and read: a connection or timeout error drops the connection and sends the whole pipeline
+        once more (the connection's retry). The ``Pipeline`` object's bookkeeping was a tenth of the
+        limiter's instructions per Batch."""
+        pool = self.client.connection_pool
+        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            packed = conn.pack_commands(
+                [("EVALSHA", self._sha[op.script], len(op.keys), *op.keys, *op.args) for op in ops]
+            )
+            replies: list[Any] = await conn.retry.call_with_retry(
+                lambda: _send_and_read(conn, packed, len(ops)),
+                lambda error, failures: conn.disconnect(error=error, failure_count=failures),
+                with_failure_count=True,
+            )
+            return replies
+        finally:
+            await pool.release(conn)
 
     async def ping(self) -> None:
         with translated_errors():
