@@ -132,7 +132,8 @@ class AsyncRedisStore:
         self._source = {name: load_lua(name) for name in SCRIPT_NAMES}
         self._sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._source.items()}
         self._pending: list[tuple[Operation[Any], asyncio.Future[Any]]] = []
-        self._lanes_free = lanes
+        self._max_lanes = lanes
+        self._lanes: set[asyncio.Task[None]] = set()  # running; referenced so that none is collected
 
     async def execute(self, op: Operation[T]) -> T:
         future = self._submit(op)
@@ -165,10 +166,9 @@ class AsyncRedisStore:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._pending.append((op, future))
-        if self._lanes_free > 0 and len(self._pending) == 1:
-            self._lanes_free -= 1
+        if len(self._pending) == 1 and len(self._lanes) < self._max_lanes:
             # Started on the next turn, so the calls the current turn makes join this batch.
-            loop.call_soon(lambda: loop.create_task(self._lane()))
+            self._lanes.add(loop.create_task(self._lane()))
         return future
 
     async def _lane(self) -> None:
@@ -192,7 +192,7 @@ class AsyncRedisStore:
                     else:
                         future.set_result(reply)
         finally:
-            self._lanes_free += 1
+            self._lanes.discard(asyncio.current_task())
 
     async def _run(self, batch: list[tuple[Operation[Any], asyncio.Future[Any]]]) -> list[Any]:
         replies = await self._pipeline([op for op, _ in batch])
