@@ -62,9 +62,9 @@ def test_a_valid_acquire_touches_only_keys_of_its_pools_hash_tag() -> None:
     """Every key carries {pool}: one Redis Cluster slot per script call."""
     op = OPS.acquire(request())
     assert op.script == "acquire"
-    assert all("{p}" in key for key in op.keys)
-    assert op.args[0] == permit_id_for("p", "acme", "k1")
-    assert op.args[2] == ServerLimits().default_lease_ms  # lease 0 means the default
+    assert all(b"{p}" in key for key in op.keys)  # as Redis receives them
+    assert op.args[0] == permit_id_for("p", "acme", "k1").encode()
+    assert op.args[2] == b"%d" % ServerLimits().default_lease_ms  # lease 0 means the default
 
 
 def test_other_operations_validate_their_input() -> None:
