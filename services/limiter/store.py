@@ -130,7 +130,10 @@ class AsyncRedisStore:
     def __init__(self, client: redis.asyncio.Redis, lanes: int) -> None:
         self.client = client
         self._source = {name: load_lua(name) for name in SCRIPT_NAMES}
-        self._sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._source.items()}
+        # Bytes, as Redis receives them: redis-py then sends them as they are.
+        self._sha = {
+            name: hashlib.sha1(text.encode()).hexdigest().encode() for name, text in self._source.items()
+        }
         self._pending: list[tuple[Operation[Any], asyncio.Future[Any]]] = []
         self._max_lanes = lanes
         self._lanes: set[asyncio.Task[None]] = set()  # running; referenced so that none is collected
@@ -224,7 +227,7 @@ class AsyncRedisStore:
             conn = await self.client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
         try:
             packed = conn.pack_commands(
-                [("EVALSHA", self._sha[op.script], len(op.keys), *op.keys, *op.args) for op in ops]
+                [(b"EVALSHA", self._sha[op.script], b"%d" % len(op.keys), *op.keys, *op.args) for op in ops]
             )
             replies: list[Any] = await conn.retry.call_with_retry(
                 lambda: _send_and_read(conn, packed, len(ops)),
