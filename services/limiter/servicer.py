@@ -30,7 +30,6 @@ from services.limiter.errors import (
     RequestKeyConflict,
     UnknownPool,
 )
-from services.limiter.ids import parse_permit_id
 from services.limiter.model import (
     AcquireRequest,
     Denial,
@@ -91,10 +90,8 @@ def outcome_from_proto(value: int) -> Outcome:
 
 
 def _pool_of(permit_id: str) -> str:
-    try:
-        return parse_permit_id(permit_id)[0]
-    except InvalidArgument:
-        return "-"
+    """The pool of a permit that a Release settled: its id was parsed when the Release was built."""
+    return permit_id.partition("/")[0]
 
 
 class LimiterServicer(pb_grpc.LimiterServiceServicer):
@@ -207,11 +204,11 @@ class LimiterServicer(pb_grpc.LimiterServiceServicer):
                         spans.enter_context(tracing.span(name, incoming, {"batch": len(items)}, kind=kind))
                 results = await self._store.execute_all(ops)
             seconds = time.perf_counter() - started
-            return pb.BatchResponse(
-                results=[
-                    _item_result(item, result, seconds) for item, result in zip(items, results, strict=True)
-                ]
-            )
+            response = pb.BatchResponse()
+            add = response.results.add  # built in place: a message given to a constructor is copied
+            for item, result in zip(items, results, strict=True):
+                _item_result(add(), item, result, seconds)
+            return response
 
         return await self._handle("Batch", context, call)
 
@@ -248,38 +245,65 @@ def _acquire_request(request: pb.AcquireRequest) -> AcquireRequest:
 
 
 def _acquire_response(pool: str, result: Grant | Denial) -> pb.AcquireResponse:
+    response = pb.AcquireResponse()
+    _fill_acquire(response, pool, result)
+    return response
+
+
+def _fill_acquire(response: pb.AcquireResponse, pool: str, result: Grant | Denial) -> None:
     if isinstance(result, Denial):
         metrics.labelled(metrics.DENIALS, pool, result.reason.value).inc()
-        denial = pb.Denial(reason=_REASON_TO_PROTO[result.reason], retry_after_ms=result.retry_after_ms)
-        return pb.AcquireResponse(denied=denial)
+        denied = response.denied
+        denied.SetInParent()
+        denied.reason = _REASON_TO_PROTO[result.reason]
+        denied.retry_after_ms = result.retry_after_ms
+        return
     metrics.labelled(metrics.GRANTS, pool).inc()
-    grant = pb.Grant(permit_id=result.permit_id, lease_expires_at=timestamp(result.lease_expires_at_ms))
-    return pb.AcquireResponse(granted=grant)
+    granted = response.granted
+    granted.SetInParent()
+    granted.permit_id = result.permit_id
+    ms = result.lease_expires_at_ms
+    expires = granted.lease_expires_at
+    expires.seconds, expires.nanos = ms // 1000, (ms % 1000) * 1_000_000  # as timestamp() builds it
 
 
 def _release_response(request: pb.ReleaseRequest, outcome: Outcome, released: Released) -> pb.ReleaseResponse:
+    response = pb.ReleaseResponse()
+    _fill_release(response, request.permit_id, outcome, released)
+    return response
+
+
+def _fill_release(response: pb.ReleaseResponse, permit_id: str, outcome: Outcome, released: Released) -> None:
     if not released.already_released:
-        metrics.labelled(metrics.RELEASES, _pool_of(request.permit_id), outcome.value).inc()
-    return pb.ReleaseResponse(already_released=released.already_released)
+        metrics.labelled(metrics.RELEASES, _pool_of(permit_id), outcome.value).inc()
+    response.SetInParent()
+    response.already_released = released.already_released
 
 
-def _item_result(item: pb.BatchItem, result: Any, seconds: float) -> pb.BatchResult:
-    """One item's answer: what its own RPC would have answered, counted as that RPC would be (with
-    the time its Batch took)."""
-    kind = item.WhichOneof("call") or "none"
-    method = kind.capitalize() if kind != "none" else "Batch"
+# The method an item of a Batch is counted under: its own RPC's.
+_ITEM_METHOD = {"acquire": "Acquire", "release": "Release"}
+
+
+def _item_result(out: pb.BatchResult, item: pb.BatchItem, result: Any, seconds: float) -> None:
+    """One item's answer, written into ``out``: what its own RPC would have answered, counted as
+    that RPC would be (with the time its Batch took)."""
+    kind = item.WhichOneof("call")
+    method = _ITEM_METHOD.get(kind or "", "Batch")
     if isinstance(result, LimiterError):
         code = status_for(result)
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL):
             log.warning("%s (in a batch) failed: %s", method, result)
         metrics.labelled(metrics.RPC_SECONDS, method, code.name).observe(seconds)
-        return pb.BatchResult(error=pb.ItemError(code=code.value[0], message=str(result)))
+        error = out.error
+        error.code = code.value[0]
+        error.message = str(result)
+        return
     metrics.labelled(metrics.RPC_SECONDS, method, "OK").observe(seconds)
     if kind == "acquire":
-        return pb.BatchResult(acquire=_acquire_response(item.acquire.pool, result))
+        _fill_acquire(out.acquire, item.acquire.pool, result)
+        return
     release = item.release
-    outcome = outcome_from_proto(release.outcome)
-    return pb.BatchResult(release=_release_response(release, outcome, result))
+    _fill_release(out.release, release.permit_id, outcome_from_proto(release.outcome), result)
 
 
 def _status_message(status: PoolStatus) -> pb.PoolStatusResponse:
