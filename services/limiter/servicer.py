@@ -192,8 +192,10 @@ class LimiterServicer(pb_grpc.LimiterServiceServicer):
             if len(items) > MAX_BATCH_ITEMS:
                 raise InvalidArgument(f"a batch holds at most {MAX_BATCH_ITEMS} items, not {len(items)}")
             ops = [self._item_operation(item) for item in items]
-            with ExitStack() as spans:
-                if tracing.enabled():
+            if not tracing.enabled():
+                results = await self._store.execute_all(ops)
+            else:
+                with ExitStack() as spans:
                     # A span in each caller's trace; an item without one joins no other item's trace.
                     for item in items:
                         incoming = tracing.valid(item.traceparent) if item.traceparent else None
@@ -202,7 +204,7 @@ class LimiterServicer(pb_grpc.LimiterServiceServicer):
                         name = f"LimiterService/{(item.WhichOneof('call') or 'none').capitalize()}"
                         kind = tracing.SpanKind.SERVER
                         spans.enter_context(tracing.span(name, incoming, {"batch": len(items)}, kind=kind))
-                results = await self._store.execute_all(ops)
+                    results = await self._store.execute_all(ops)
             seconds = time.perf_counter() - started
             response = pb.BatchResponse()
             add = response.results.add  # built in place: a message given to a constructor is copied
