@@ -279,9 +279,13 @@ class EventFeed:
                 return
 
     def _fan_out(self, rows: Sequence[DictRow]) -> None:
+        EVENTS_READ.inc(len(rows))
+        if not self._subscriptions:
+            # Nobody to hand them to (an edge taking submissions, no stream open): a stream opened
+            # later starts at the watermark, past these, from its snapshot or its replay.
+            return
         for row in rows:
             event = JobEvent.from_row(row)
-            EVENTS_READ.inc()
             if not self._in_order(event):
                 continue
             for subscription in self._by_tenant.get(event.tenant_id, ()):
