@@ -142,18 +142,40 @@ _Answered = Callable[[pb.BatchResult | None, _Failed | None], None]
 
 
 class _Waiting:
-    __slots__ = ("answered", "deadline", "done", "error", "held_until", "item", "result", "sent")
+    __slots__ = (
+        "_latch",
+        "answered",
+        "deadline",
+        "error",
+        "finished",
+        "held_until",
+        "item",
+        "result",
+        "sent",
+    )
 
     def __init__(self, item: pb.BatchItem, deadline: float, answered: _Answered | None = None) -> None:
         self.item = item
         self.deadline = deadline
-        self.done = threading.Event()
         self.result: pb.BatchResult | None = None
         self.error: _Failed | None = None
+        self.finished = False
+        # Held until the call is answered: a bare lock costs a fraction of a threading.Event.
+        self._latch = threading.Lock()
+        self._latch.acquire()
         self.sent = False
         # A call nobody waits for: told its answer through ``answered``; may wait for company.
         self.answered = answered
         self.held_until = 0.0
+
+    def finish(self) -> None:
+        """Mark answered (``result`` or ``error`` set first) and wake its waiter."""
+        self.finished = True
+        self._latch.release()
+
+    def wait(self, timeout_s: float) -> bool:
+        """True once answered; False if ``timeout_s`` passed first. One waiter per call."""
+        return self.finished or self._latch.acquire(timeout=max(timeout_s, 0.0))
 
 
 class _Batcher:
@@ -235,7 +257,7 @@ class _Batcher:
             self._send(batch)
         deadline = time.monotonic() + timeout_s
         for waiting in pending:
-            waiting.done.wait(max(0.0, deadline - time.monotonic()))
+            waiting.wait(deadline - time.monotonic())
 
     def call(self, item: pb.BatchItem, timeout_s: float) -> pb.BatchResult:
         """The item's result; raises ``_Failed`` when the Batch failed or the deadline passed."""
@@ -249,12 +271,12 @@ class _Batcher:
             self._send_here(batch)
         elif batch:
             self._send(batch)
-        if not waiting.done.wait(timeout_s):
+        if not waiting.wait(timeout_s):
             with self._lock:
                 if not waiting.sent:
                     self._queue.remove(waiting)
                     raise _Failed(grpc.StatusCode.DEADLINE_EXCEEDED, "no Batch left in time", sent=False)
-            if not waiting.done.is_set():
+            if not waiting.finished:
                 raise _Failed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         if waiting.error is not None:
             raise waiting.error
@@ -318,7 +340,7 @@ class _Batcher:
             if results is not None:
                 waiting.result = results[i]
             waiting.error = error
-            waiting.done.set()
+            waiting.finish()
             if waiting.answered is not None:
                 try:
                     waiting.answered(waiting.result, error)
