@@ -101,6 +101,7 @@ ERROR_BY_STATUS: dict[grpc.StatusCode, type[LimiterError]] = {
 }
 _MAX_ORPHANS = 1_000
 _STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
+_OUTCOME_VALUE = {outcome: pb.Outcome.Value(f"OUTCOME_{outcome.value}") for outcome in Outcome}
 # Batch RPCs on the wire at once, and calls in one: while both lanes are busy, calls wait for the
 # first to come back (a round trip at most), then leave together.
 _BATCH_LANES = 2
@@ -468,16 +469,17 @@ class LimiterClient:
         key = request_key or uuid.uuid4().hex
         if request_key is not None:
             self._forget_orphan(permit_id_for(pool, tenant, key))  # the caller is retrying it
-        request = pb.AcquireRequest(
-            pool=pool,
-            tenant=tenant,
-            estimated_input_tokens=estimated_input_tokens,
-            max_output_tokens=max_output_tokens,
-            lease_ms=lease_ms,
-            request_key=key,
-        )
+        # Filled in place: a request built apart would be copied again into its BatchItem.
+        item = pb.BatchItem()
+        request = item.acquire
+        request.pool = pool
+        request.tenant = tenant
+        request.estimated_input_tokens = estimated_input_tokens
+        request.max_output_tokens = max_output_tokens
+        request.lease_ms = lease_ms
+        request.request_key = key
         try:
-            response = self._exchange("Acquire", request, self._deadline_s, traced=True)
+            response = self._exchange("Acquire", item, self._deadline_s, traced=True)
         except _Failed as exc:
             error = self._translate("Acquire", exc.code, exc.details)
             if not isinstance(error, LimiterUnavailable):
@@ -582,16 +584,10 @@ class LimiterClient:
             return self._emergency is not None and self._emergency.release(
                 permit_id, outcome, input_tokens + output_tokens
             )
-        outcome_value = pb.Outcome.Value(f"OUTCOME_{outcome.value}")
-        request = pb.ReleaseRequest(
-            permit_id=permit_id,
-            outcome=outcome_value,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            unless_handed_again=unless_handed_again,
-        )
+        item = _release_item(permit_id, outcome, input_tokens, output_tokens)
+        item.release.unless_handed_again = unless_handed_again
         try:
-            response = self._exchange("Release", request, self._settle_deadline_s, traced=False)
+            response = self._exchange("Release", item, self._settle_deadline_s, traced=False)
         except _Failed as exc:
             raise self._translate("Release", exc.code, exc.details) from exc
         return not response.already_released
@@ -608,12 +604,7 @@ class LimiterClient:
             except LimiterError as exc:
                 log.warning("could not release permit %s (%s): %s", permit_id, outcome.value, exc)
             return
-        request = pb.ReleaseRequest(
-            permit_id=permit_id,
-            outcome=pb.Outcome.Value(f"OUTCOME_{outcome.value}"),
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-        )
+        item = _release_item(permit_id, outcome, input_tokens, output_tokens)
 
         def answered(result: pb.BatchResult | None, failed: _Failed | None) -> None:
             if failed is None and result is not None and result.WhichOneof("result") == "error":
@@ -633,13 +624,13 @@ class LimiterClient:
             error = self._translate("Release", failed.code, failed.details)
             log.warning("could not release permit %s (%s): %s", permit_id, outcome.value, error)
 
-        self._batcher.post(pb.BatchItem(release=request), self._settle_deadline_s, answered)
+        self._batcher.post(item, self._settle_deadline_s, answered)
 
-    def _exchange(self, method: str, request: Any, timeout_s: float, *, traced: bool) -> Any:
-        """One Acquire or Release: inside a Batch while the limiter has that RPC, else its own RPC.
-        Raises ``_Failed`` with the status the call got."""
+    def _exchange(self, method: str, item: pb.BatchItem, timeout_s: float, *, traced: bool) -> Any:
+        """One Acquire or Release (the request in ``item``): inside a Batch while the limiter has
+        that RPC, else its own RPC. Raises ``_Failed`` with the status the call got."""
+        field = "acquire" if method == "Acquire" else "release"
         if self._batching:
-            item = pb.BatchItem(acquire=request) if method == "Acquire" else pb.BatchItem(release=request)
             traceparent = tracing.current_traceparent() if traced else None
             if traceparent is not None:
                 item.traceparent = traceparent
@@ -654,10 +645,10 @@ class LimiterClient:
                 if result.WhichOneof("result") == "error":
                     code = _STATUS_BY_VALUE.get(result.error.code, grpc.StatusCode.UNKNOWN)
                     raise _Failed(code, result.error.message)
-                return getattr(result, method.lower())
+                return getattr(result, field)
         metadata = self._traced() if traced else self._metadata
         try:
-            return getattr(self._stub, method)(request, timeout=timeout_s, metadata=metadata)
+            return getattr(self._stub, method)(getattr(item, field), timeout=timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             raise _Failed(exc.code(), exc.details() or exc.code().name) from exc
 
@@ -701,6 +692,16 @@ class LimiterClient:
                 error,
             )
         return error
+
+
+def _release_item(permit_id: str, outcome: Outcome, input_tokens: int, output_tokens: int) -> pb.BatchItem:
+    item = pb.BatchItem()
+    request = item.release
+    request.permit_id = permit_id
+    request.outcome = _OUTCOME_VALUE[outcome]
+    request.input_tokens = input_tokens
+    request.output_tokens = output_tokens
+    return item
 
 
 def _pool_status(response: Any) -> PoolStatus:
