@@ -467,7 +467,7 @@ class LimiterClient:
         raises because the limiter is unreachable (a Denial with reason UNAVAILABLE, or an
         emergency Grant)."""
         key = request_key or uuid.uuid4().hex
-        if request_key is not None:
+        if request_key is not None and self._orphans:
             self._forget_orphan(permit_id_for(pool, tenant, key))  # the caller is retrying it
         # Filled in place: a request built apart would be copied again into its BatchItem.
         item = pb.BatchItem()
@@ -537,6 +537,8 @@ class LimiterClient:
 
     def _settle_orphans(self, limit: int = 8) -> None:
         """Release (NOT_SENT) permits whose Acquire timed out: the caller never used them."""
+        if not self._orphans:  # the usual case, read without the lock
+            return
         for _ in range(limit):
             with self._orphans_lock:
                 if not self._orphans:
