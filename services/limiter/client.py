@@ -248,17 +248,22 @@ class _Batcher:
                     self._held.wait(self._hold_s)
 
     def close(self, timeout_s: float) -> None:
-        """Send every held call now and wait (at most ``timeout_s``) for their answers."""
+        """Send every held call now and wait (at most ``timeout_s``) until every Batch on the wire is
+        answered: held calls already sent are still waiting for theirs, and the channel closing
+        under them would cancel them (their permits then held until their leases end)."""
         with self._lock:
             self._closing = True
             self._held.notify_all()
-            pending = [w for w in self._queue if w.answered is not None]
             batch = self._take_locked()
         if batch:
             self._send(batch)
         deadline = time.monotonic() + timeout_s
-        for waiting in pending:
-            waiting.wait(deadline - time.monotonic())
+        with self._lock:
+            while self._in_flight or self._queue:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._held.wait(left)
 
     def call(self, item: pb.BatchItem, timeout_s: float) -> pb.BatchResult:
         """The item's result; raises ``_Failed`` when the Batch failed or the deadline passed."""
@@ -350,6 +355,8 @@ class _Batcher:
         with self._lock:
             self._in_flight -= 1
             following = self._take_locked()
+            if self._closing:
+                self._held.notify_all()  # close() waits for the last Batch on the wire
         if following:
             self._send(following)
 

@@ -3,6 +3,7 @@ and the client's threads sharing Batches without sharing answers."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -13,9 +14,10 @@ import pytest
 from services.common.protos.fatura.limiter.v1 import limiter_pb2 as pb
 from services.common.protos.fatura.limiter.v1 import limiter_pb2_grpc as pb_grpc
 from services.limiter.model import Denial, DenyReason, Grant, Outcome
+from tests.limiter.conftest import SHARED_CONFIG
 
 if TYPE_CHECKING:
-    from tests.limiter.conftest import LimiterProcess
+    from tests.limiter.conftest import LimiterProcess, StartLimiter
 
 UNKNOWN_PERMIT = "atomic/acme/00000000000000000000000000000000"
 
@@ -157,6 +159,35 @@ def test_closing_the_client_sends_the_releases_it_still_holds(shared_limiter: Li
         thread.join()
     closing.close()
     with shared_limiter.client() as client:
+        assert client.pool_status("race").in_flight.used == 0
+
+
+def test_closing_the_client_waits_for_held_releases_already_on_the_wire(
+    start_limiter: StartLimiter,
+) -> None:
+    """Given a release made with release_later that has left in a Batch the limiter has not answered
+    (the limiter process is stopped)
+    When the client is closed, and the limiter resumes a moment later
+    Then close() waited for that answer: the permit is released, not cancelled with the channel."""
+    limiter = start_limiter(SHARED_CONFIG)
+    with limiter.client() as client:
+        grant = client.acquire("race", "acme", 10, 10, lease_ms=60_000, request_key="on-the-wire")
+        assert isinstance(grant, Grant)
+    closing = limiter.client(settle_deadline_ms=5_000)
+    assert closing.pool_status("race").in_flight.used == 1  # its channel is connected
+    limiter.signal(signal.SIGSTOP)
+    try:
+        closing.release_later(grant.permit_id, Outcome.NOT_SENT)
+        time.sleep(0.3)  # past the hold: the Release left alone, and waits for its answer
+        closed = threading.Thread(target=closing.close)
+        closed.start()
+        time.sleep(0.3)
+        assert closed.is_alive(), "close() returned with a Release still on the wire"
+    finally:
+        limiter.signal(signal.SIGCONT)
+    closed.join(timeout=10)
+    assert not closed.is_alive()
+    with limiter.client() as client:
         assert client.pool_status("race").in_flight.used == 0
 
 
