@@ -112,8 +112,11 @@ _HOLD_S = 0.010
 _CHANNEL_OPTIONS = [
     # Reconnect quickly once the limiter is back instead of staying in emergency mode for minutes.
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1_000),
+    # Despite its name, grpc core reads this as the least time a connection attempt is given to
+    # finish (TCP, TLS, the server's first HTTP/2 frame): at 100 ms a limiter that far away, or a
+    # starved machine, made every attempt fail and every call UNAVAILABLE.
+    ("grpc.min_reconnect_backoff_ms", 2_000),
     # Retries live in one layer (the caller's); the channel must not retry on its own.
     ("grpc.enable_retries", 0),
 ]

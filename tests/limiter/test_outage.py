@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -198,3 +199,26 @@ def test_a_timed_out_acquire_does_not_give_back_a_permit_another_caller_retried_
         assert observer.pool_status("p").in_flight.used == 2  # the retried permit is still held
         assert second.release(retried.permit_id, Outcome.COMPLETED, 5, 5)
         assert observer.pool_status("p").in_flight.used == 1
+
+
+def test_a_first_connection_slower_than_a_tenth_of_a_second_still_gets_its_answer(
+    start_limiter: StartLimiter,
+) -> None:
+    """Given a limiter that takes 0.3 s to answer a new connection (stopped, then resumed), as one
+    far away over TLS or on a starved machine may
+    When a new client asks for a permit with a 2 s deadline
+    Then it is granted: the connection attempt was not given up after 0.1 s, which made every
+    call UNAVAILABLE until some attempt happened to finish in time."""
+    limiter = start_limiter(CONFIG)
+    client = limiter.client(deadline_ms=2_000)
+    try:
+        limiter.signal(signal.SIGSTOP)
+        resumed = threading.Timer(0.3, limiter.signal, (signal.SIGCONT,))
+        resumed.start()
+        try:
+            decision = client.acquire("p", "acme", 1, 1, request_key="slow-first-connection")
+        finally:
+            resumed.join()
+        assert isinstance(decision, Grant), decision
+    finally:
+        client.close()
