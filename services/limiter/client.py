@@ -277,7 +277,7 @@ class _Batcher:
         if batch and all(w is waiting or w.answered is not None for w in batch):
             # Alone, or with calls nobody waits for: the call waits in its own thread, as a unary
             # RPC would (no hand-off to grpc's).
-            self._send_here(batch)
+            self._send_here(batch, waiting)
         elif batch:
             self._send(batch)
         if not waiting.wait(timeout_s):
@@ -313,17 +313,36 @@ class _Batcher:
             return
         future.add_done_callback(lambda done: self._answered(batch, done))
 
-    def _send_here(self, batch: list[_Waiting]) -> None:
-        timeout = max(w.deadline for w in batch) - time.monotonic()
+    def _send_here(self, batch: list[_Waiting], caller: _Waiting) -> None:
+        # The caller waits until its own deadline, not its passengers' (a held Release's is later):
+        # a passenger that deadline cuts off travels again, on its own deadline. A Release sent
+        # twice is answered as already released the second time.
+        timeout = caller.deadline - time.monotonic()
         request = pb.BatchRequest(items=[w.item for w in batch])
         try:
             response = self._stub.Batch(request, timeout=max(timeout, 0.001), metadata=self._metadata)
         except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                batch = self._requeue_passengers(batch, caller)
             self._finish(batch, None, _Failed(exc.code(), exc.details() or exc.code().name))
         except Exception as exc:  # e.g. the channel is closed
             self._finish(batch, None, _Failed(grpc.StatusCode.UNAVAILABLE, f"{type(exc).__name__}: {exc}"))
         else:
             self._check(batch, response)
+
+    def _requeue_passengers(self, batch: list[_Waiting], caller: _Waiting) -> list[_Waiting]:
+        """Queue again, first, the calls of ``batch`` nobody waits for whose own deadline is still
+        ahead; the rest of the batch is returned, to be finished."""
+        now = time.monotonic()
+        again = [w for w in batch if w is not caller and w.answered is not None and w.deadline > now]
+        if not again:
+            return batch
+        with self._lock:
+            for waiting in again:
+                waiting.sent = False
+                waiting.held_until = now
+            self._queue[:0] = again
+        return [w for w in batch if w not in again]
 
     def _answered(self, batch: list[_Waiting], future: Any) -> None:
         try:

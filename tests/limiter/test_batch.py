@@ -191,6 +191,38 @@ def test_closing_the_client_waits_for_held_releases_already_on_the_wire(
         assert client.pool_status("race").in_flight.used == 0
 
 
+def test_an_acquire_carrying_a_held_release_waits_no_longer_than_its_own_deadline(
+    start_limiter: StartLimiter,
+) -> None:
+    """Given a held Release (settle deadline 5 s) that will travel with the next Acquire (250 ms),
+    and a limiter that stops answering
+    When the Acquire is made
+    Then it gives up at its own deadline (denied, fail closed), not at its passenger's; and the
+    Release, cut off with it, travels again and is applied once the limiter answers."""
+    limiter = start_limiter(SHARED_CONFIG)
+    client = limiter.client(deadline_ms=250, settle_deadline_ms=5_000)
+    try:
+        grant = client.acquire("race", "acme", 10, 10, lease_ms=60_000, request_key="passenger")
+        assert isinstance(grant, Grant)
+        limiter.signal(signal.SIGSTOP)
+        try:
+            client.release_later(grant.permit_id, Outcome.NOT_SENT)
+            started = time.monotonic()
+            decision = client.acquire("race", "acme", 10, 10, lease_ms=60_000, request_key="driver")
+            waited = time.monotonic() - started
+        finally:
+            limiter.signal(signal.SIGCONT)
+        assert isinstance(decision, Denial) and decision.reason is DenyReason.UNAVAILABLE, decision
+        assert waited < 1.0, f"the Acquire waited {waited:.2f} s for its passenger's deadline"
+        deadline = time.monotonic() + 10
+        with limiter.client() as observer:
+            while observer.pool_status("race").in_flight.used and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert observer.pool_status("race").in_flight.used == 0
+    finally:
+        client.close()
+
+
 def test_a_release_that_fails_later_is_logged_not_raised(
     shared_limiter: LimiterProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
