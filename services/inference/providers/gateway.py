@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import UTC, datetime
+from typing import Generic, TypeVar
 
 import httpx
 from prometheus_client import Counter, Histogram
@@ -61,6 +62,31 @@ HOP_SECONDS = Histogram(
     ["channel"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 45, 90, 240),
 )
+
+_Metric = TypeVar("_Metric", Counter, Histogram)
+
+
+class _Children(Generic[_Metric]):
+    """A metric's labelled children, each looked up once: ``labels()`` costs more than what the child
+    then records. A child is made when first recorded to, as before, so a series appears in
+    /metrics exactly when it did."""
+
+    def __init__(self, metric: _Metric) -> None:
+        self._metric: _Metric = metric
+        self._children: dict[tuple[str, ...], _Metric] = {}
+
+    def __call__(self, *labels: str) -> _Metric:
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self._metric.labels(*labels)
+        return child
+
+
+_HOPS = _Children(HOPS)
+_HOP_SECONDS = _Children(HOP_SECONDS)
+_TIME_TO_FIRST_TOKEN = _Children(TIME_TO_FIRST_TOKEN)
+_INTER_TOKEN = _Children(INTER_TOKEN)
+_TOKENS = _Children(TOKENS)
 
 
 def http_transport(settings: GatewaySettings) -> httpx.HTTPTransport:
@@ -180,23 +206,23 @@ class Gateway:
                 channel.name, Report.RELEASE if error is ErrorClass.DEADLINE else Report.SUCCESS, trial=trial
             )
         label = "ok" if error is None else error.value
-        HOPS.labels(channel.name, label).inc()
+        _HOPS(channel.name, label).inc()
         if outcome.sent:
-            HOP_SECONDS.labels(channel.name).observe(elapsed)
+            _HOP_SECONDS(channel.name).observe(elapsed)
         ttft_ms, itl_ms = None, None
         if outcome.first_token_at is not None:
             ttft = max(0.0, outcome.first_token_at - sent_at)
-            TIME_TO_FIRST_TOKEN.labels(channel.name).observe(ttft)
+            _TIME_TO_FIRST_TOKEN(channel.name).observe(ttft)
             ttft_ms = round(ttft * 1000)
         if outcome.token_gaps:
-            itl = INTER_TOKEN.labels(channel.name)
+            itl = _INTER_TOKEN(channel.name)
             for gap in outcome.token_gaps:
                 itl.observe(gap)
             itl_ms = round(sum(outcome.token_gaps) / len(outcome.token_gaps) * 1000, 3)
         if outcome.input_tokens:
-            TOKENS.labels(channel.name, "input").inc(outcome.input_tokens)
+            _TOKENS(channel.name, "input").inc(outcome.input_tokens)
         if outcome.output_tokens:
-            TOKENS.labels(channel.name, "output").inc(outcome.output_tokens)
+            _TOKENS(channel.name, "output").inc(outcome.output_tokens)
         if error is not None:
             log.info(
                 "hop %s %s: %s %s %s",
