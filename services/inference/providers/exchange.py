@@ -75,11 +75,25 @@ class HopOutcome:
     token_gaps: tuple[float, ...] = ()
 
 
+@dataclass(frozen=True)
+class _Target:
+    url: httpx.URL
+    before_id: tuple[tuple[bytes, bytes], ...]  # the headers ahead of x-request-id
+    after_id: tuple[tuple[bytes, bytes], ...]  # and between it and Content-Length
+
+
 @functools.lru_cache(maxsize=1024)
-def _parsed(url: str) -> httpx.URL:
-    """A channel's URL, parsed once: httpx parses a str on every request (8.6 µs here) and only
-    copies a URL (0.3 µs)."""
-    return httpx.URL(url)
+def _target(url: str, api_key: str | None) -> _Target:
+    """A channel's URL, parsed once (httpx parses a str on every request, 8.6 µs here, and only copies
+    a URL, 0.3 µs), and its request headers encoded once, in the order and case in which
+    ``httpx.Request(content=...)`` would put them on the wire: Host first, then ours, Content-Length
+    last. Handing httpx the finished list and the body as a stream spares it normalizing every header
+    twice and looking each automatic one up (10 µs a request here)."""
+    parsed = httpx.URL(url)
+    host = ((b"Host", parsed.netloc),) if parsed.host else ()
+    ours = tuple((name.encode("ascii"), value.encode("ascii")) for name, value in _HEADERS.items())
+    auth = ((b"authorization", f"Bearer {api_key}".encode("ascii")),) if api_key else ()
+    return _Target(parsed, host + ours, auth)
 
 
 def request_body(channel: Channel, request: ProviderRequest) -> dict[str, object]:
@@ -107,16 +121,18 @@ def exchange(
         return HopOutcome(ErrorClass.DEADLINE, sent=False, message="no time left in the attempt")
     header_wait = min(settings.header_timeout_s, remaining)
     connect = min(settings.connect_timeout_s, remaining)
-    headers = {**_HEADERS, "x-request-id": request.request_id}
-    if channel.api_key:
-        headers["authorization"] = f"Bearer {channel.api_key}"
-    timeout = httpx.Timeout(connect=connect, read=header_wait, write=remaining, pool=connect)
+    target = _target(channel.url, channel.api_key)
+    body = orjson.dumps(request_body(channel, request))  # httpx's json= is the stdlib's, 5x slower
+    headers = [
+        *target.before_id,
+        (b"x-request-id", request.request_id.encode("ascii")),
+        *target.after_id,
+        (b"Content-Length", str(len(body)).encode("ascii")),
+    ]
+    # httpx's ``timeout`` request extension, as ``httpx.Timeout.as_dict()`` spells it.
+    timeout = {"connect": connect, "read": header_wait, "write": remaining, "pool": connect}
     http_request = httpx.Request(
-        "POST",
-        _parsed(channel.url),
-        content=orjson.dumps(request_body(channel, request)),  # httpx's json= is the stdlib's, 5x slower
-        headers=headers,
-        extensions={"timeout": timeout.as_dict()},
+        "POST", target.url, headers=headers, stream=httpx.ByteStream(body), extensions={"timeout": timeout}
     )
     # While the hop runs, its sockets belong to the request's cancel scope; the scope lets go of
     # them before the response is closed and the connection goes back to the pool.
