@@ -17,7 +17,7 @@ one. After commitment an error ends the attempt without failover.
 from __future__ import annotations
 
 import functools
-import itertools
+import operator
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -35,7 +35,7 @@ from services.inference.providers.frames import (
     Frame,
     error_message,
     parse_body,
-    sse_lines,
+    sse_raw_lines,
 )
 from services.inference.providers.settings import GatewaySettings
 from services.inference.providers.watchdog import Watchdog
@@ -207,10 +207,13 @@ def _read(response: httpx.Response, deadline: float, settings: GatewaySettings) 
 def _read_stream(response: httpx.Response, deadline: float, settings: GatewaySettings) -> HopOutcome:
     token_times: list[float] = []
     outcome = _read_frames(response, deadline, settings, token_times)
-    if not token_times:
+    if not token_times or outcome.first_token_at is not None:
         return outcome
-    gaps = tuple(later - earlier for earlier, later in itertools.pairwise(token_times))
-    return replace(outcome, first_token_at=token_times[0], token_gaps=gaps)
+    return replace(outcome, first_token_at=token_times[0], token_gaps=_gaps(token_times))
+
+
+def _gaps(token_times: list[float]) -> tuple[float, ...]:
+    return tuple(map(operator.sub, token_times[1:], token_times[:-1]))  # each later minus earlier
 
 
 def _read_frames(
@@ -218,24 +221,28 @@ def _read_frames(
 ) -> HopOutcome:
     status = response.status_code
     opened = time.monotonic()
+    gate = settings.stream_gate_s
     committed = False
     completion = Completion()
+    feed, parts, texts = completion.feed_raw_line, completion.parts, 0
     try:
-        for line in sse_lines(_capped(response.iter_bytes(), settings.max_response_bytes)):
-            texts = len(completion.parts)
-            frame = completion.feed_line(line)
-            now = time.monotonic()
-            if not committed and now - opened >= settings.stream_gate_s:
-                committed = True  # nothing decisive within the gate: a slow model is not a broken one
-            if frame is Frame.CONTENT and (len(completion.parts) > texts or not token_times):
-                token_times.append(now)  # the first decisive frame, then each one that carries text
-            if frame is not None:
-                outcome = _step(completion, frame, status, committed)
-                if outcome is not None:
-                    return outcome
-                committed = committed or frame is Frame.CONTENT
-            if now >= deadline and not completion.done:
-                return HopOutcome(ErrorClass.DEADLINE, sent=True, committed=committed, http_status=status)
+        for lines in sse_raw_lines(_capped(response.iter_bytes(), settings.max_response_bytes)):
+            for line in lines:
+                frame = feed(line)
+                now = time.monotonic()
+                if not committed and now - opened >= gate:
+                    committed = True  # nothing decisive within the gate: a slow model is not a broken one
+                if frame is Frame.CONTENT:
+                    if len(parts) > texts or not token_times:
+                        token_times.append(now)  # the first decisive frame, then each one that carries text
+                        texts = len(parts)
+                    committed = True
+                elif frame is Frame.ERROR or frame is Frame.BAD:
+                    outcome = _step(completion, frame, status, committed)
+                    if outcome is not None:
+                        return outcome
+                if now >= deadline and not completion.done:
+                    return HopOutcome(ErrorClass.DEADLINE, sent=True, committed=committed, http_status=status)
     except _TooLarge:
         return HopOutcome(
             ErrorClass.BAD_RESPONSE, sent=True, committed=True, http_status=status, message="too large"
@@ -255,7 +262,7 @@ def _read_frames(
         return HopOutcome(
             ErrorClass.BAD_RESPONSE, sent=True, committed=True, http_status=status, message=message
         )
-    return _finish(completion, status, committed=True)
+    return _finish(completion, status, committed=True, token_times=token_times)
 
 
 def _step(completion: Completion, frame: Frame, status: int, committed: bool) -> HopOutcome | None:
@@ -279,7 +286,9 @@ def _step(completion: Completion, frame: Frame, status: int, committed: bool) ->
     return None
 
 
-def _finish(completion: Completion, status: int, *, committed: bool) -> HopOutcome:
+def _finish(
+    completion: Completion, status: int, *, committed: bool, token_times: list[float] | None = None
+) -> HopOutcome:
     if completion.error_message is not None:
         return HopOutcome(
             ErrorClass.STREAM_ERROR,
@@ -297,6 +306,8 @@ def _finish(completion: Completion, status: int, *, committed: bool) -> HopOutco
         model=completion.model,
         input_tokens=completion.input_tokens,
         output_tokens=completion.output_tokens,
+        first_token_at=token_times[0] if token_times else None,
+        token_gaps=_gaps(token_times) if token_times else (),
     )
 
 

@@ -41,7 +41,7 @@ class Completion:
     saw_choice: bool = False
     done: bool = False
     _event: str | None = None
-    _data: list[str] = field(default_factory=list)
+    _data: list[str | bytes] = field(default_factory=list)
 
     @property
     def content(self) -> str:
@@ -50,12 +50,7 @@ class Completion:
     def feed_line(self, line: str) -> Frame | None:
         """One line of the SSE stream; a frame when a blank line ends an event, else None."""
         if line == "":
-            if not self._data:
-                self._event = None
-                return None
-            data, event = "\n".join(self._data), self._event
-            self._data, self._event = [], None
-            return self.feed(data, event)
+            return self._dispatch()
         if line.startswith(":"):
             return None  # a keep-alive comment (OpenRouter sends them while the model thinks)
         name, _, value = line.partition(":")
@@ -66,18 +61,65 @@ class Completion:
             self._event = value
         return None
 
+    def feed_raw_line(self, line: bytes) -> Frame | None:
+        """``feed_line`` for a line as it came, not decoded: a data line's value stays bytes, which
+        orjson reads as they are (decoding it first, for orjson to encode it back, cost a third of
+        reading a frame)."""
+        if line.startswith(b"data: "):  # nearly every line: feed_line's reading, spelled out
+            self._data.append(line[6:])
+            return None
+        if not line:
+            return self._dispatch()
+        return self.feed_line(line.decode("utf-8", "replace"))
+
     def finish(self) -> Frame | None:
         """The stream ended: an event not followed by a blank line still counts."""
-        return self.feed_line("")
+        return self._dispatch()
 
-    def feed(self, data: str, event: str | None = None) -> Frame:
-        if data.strip() == "[DONE]":
+    def _dispatch(self) -> Frame | None:
+        """A blank line: the event so far, if it had data, is a frame."""
+        lines, event = self._data, self._event
+        self._event = None
+        if not lines:
+            return None
+        data: str | bytes
+        if len(lines) == 1:
+            data = lines[0]
+        else:
+            raw = [line for line in lines if isinstance(line, bytes)]
+            if len(raw) == len(lines):
+                data = b"\n".join(raw)
+            else:  # a data line feed_line read, among others feed_raw_line did
+                data = "\n".join(
+                    line if isinstance(line, str) else line.decode("utf-8", "replace") for line in lines
+                )
+        lines.clear()
+        return self.feed(data, event)
+
+    def feed(self, data: str | bytes, event: str | None = None) -> Frame:
+        """One event's data: text, or bytes as the stream held them (read as their UTF-8 text would be,
+        a byte that is not UTF-8 as U+FFFD)."""
+        if isinstance(data, bytes):
+            if not data.startswith(b"{"):
+                return self.feed(data.decode("utf-8", "replace"), event)
+            try:
+                # What orjson reads from valid UTF-8 bytes is what it reads from their text, and it
+                # refuses bytes that are not UTF-8: those, like anything else it refuses, go the
+                # text's way below.
+                chunk = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                return self.feed(data.decode("utf-8", "replace"), event)
+            return self._parsed(chunk, event)
+        if not data.startswith("{") and data.strip() == "[DONE]":  # a chunk's JSON opens with "{"
             self.done = True
             return Frame.DONE
         try:
             chunk = _loads(data)
         except ValueError:
             return Frame.BAD
+        return self._parsed(chunk, event)
+
+    def _parsed(self, chunk: Any, event: str | None) -> Frame:
         if not isinstance(chunk, dict):
             return Frame.BAD
         if event == "error" or "error" in chunk:
@@ -86,29 +128,35 @@ class Completion:
         return self._chunk(chunk)
 
     def _chunk(self, chunk: dict[str, Any]) -> Frame:
-        if isinstance(chunk.get("model"), str):
-            self.model = chunk["model"]
-        self._usage(chunk.get("usage"))
+        model = chunk.get("model")
+        if isinstance(model, str):
+            self.model = model
+        usage = chunk.get("usage")
+        if usage is not None:
+            self._usage(usage)
         choices = chunk.get("choices")
         if not isinstance(choices, list):
             return Frame.BAD
+        if not choices:
+            return Frame.PENDING
+        choice = choices[0]  # n=1: only the first choice is ever asked for
+        if not isinstance(choice, dict):
+            return Frame.BAD
+        self.saw_choice = True
+        delta = choice.get("delta") or choice.get("message") or {}
+        if not isinstance(delta, dict):
+            return Frame.BAD
         decisive = False
-        for choice in choices[:1]:  # n=1: only the first choice is ever asked for
-            if not isinstance(choice, dict):
-                return Frame.BAD
-            self.saw_choice = True
-            delta = choice.get("delta") or choice.get("message") or {}
-            if not isinstance(delta, dict):
-                return Frame.BAD
-            text = delta.get("content")
-            if isinstance(text, str) and text:
-                self.parts.append(text)
-                decisive = True
-            if delta.get("tool_calls") or delta.get("refusal"):
-                decisive = True
-            if choice.get("finish_reason"):
-                self.finish_reason = str(choice["finish_reason"])
-                decisive = True
+        text = delta.get("content")
+        if isinstance(text, str) and text:
+            self.parts.append(text)
+            decisive = True
+        if delta.get("tool_calls") or delta.get("refusal"):
+            decisive = True
+        finish_reason = choice.get("finish_reason")
+        if finish_reason:
+            self.finish_reason = str(finish_reason)
+            decisive = True
         return Frame.CONTENT if decisive else Frame.PENDING
 
     def _usage(self, usage: Any) -> None:
@@ -122,13 +170,22 @@ class Completion:
 
 
 def sse_lines(chunks: Iterable[bytes]) -> Iterator[str]:
-    """The lines of an SSE stream read as byte chunks, without their terminators (LF, CRLF or CR).
+    """The lines of an SSE stream read as byte chunks, without their terminators (LF, CRLF or CR),
+    as text: bytes that are not UTF-8 become U+FFFD."""
+    for lines in sse_raw_lines(chunks):
+        for line in lines:
+            yield line.decode("utf-8", "replace")
 
-    Splitting the bytes and decoding each whole line costs a third of what decoding every chunk
-    first and splitting the text does. A CR that ends a chunk may be the first half of a CRLF, so
-    the line it ends waits for the next chunk; a multibyte character split across chunks is whole
-    again before it is decoded. A last line with no terminator still counts. Bytes that are not
-    UTF-8 become U+FFFD, which the frame's JSON then refuses.
+
+def sse_raw_lines(chunks: Iterable[bytes]) -> Iterator[list[bytes]]:
+    """The lines each chunk of an SSE stream completes, without their terminators, not decoded (a
+    reader loops over a list faster than it resumes a generator per line).
+
+    Lines are split on the bytes, never on decoded text (str.splitlines also breaks at U+2028 and
+    the like, which a JSON string may hold unescaped). A CR that ends a chunk may be the first half
+    of a CRLF, so the line it ends waits for the next chunk; so does a line with no terminator yet,
+    so a multibyte character split across chunks is whole again. A last line with no terminator
+    still counts.
     """
     pending: list[bytes] = []  # the start of a line that has not ended yet
     for chunk in chunks:
@@ -140,13 +197,19 @@ def sse_lines(chunks: Iterable[bytes]) -> Iterator[str]:
             pending.append(chunk)
             chunk = b"".join(pending)
             pending = []
+        if b"\r" not in chunk:  # LF only, the usual case
+            lines = chunk.split(b"\n")
+            rest = lines.pop()  # after the last LF: empty when the chunk ends a line
+            if rest:
+                pending.append(rest)
+            yield lines
+            continue
         pieces = chunk.splitlines(keepends=True)
         if not pieces[-1].endswith(b"\n"):
             pending.append(pieces.pop())  # unterminated, or a CR whose LF may be in the next chunk
-        for piece in pieces:
-            yield piece.rstrip(b"\r\n").decode("utf-8", "replace") if len(piece) > 1 else ""
+        yield [piece.rstrip(b"\r\n") for piece in pieces]
     if pending:
-        yield b"".join(pending).rstrip(b"\r\n").decode("utf-8", "replace")
+        yield [b"".join(pending).rstrip(b"\r\n")]
 
 
 def _loads(data: str) -> Any:
