@@ -19,8 +19,6 @@ import socket
 import ssl
 import threading
 import typing
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpcore
 import httpx
@@ -47,17 +45,9 @@ class CallScope:
         for stream in streams:
             _shutdown(stream)
 
-    @contextmanager
-    def active(self) -> Iterator[None]:
+    def active(self) -> Attachment:
         """Attach the sockets this thread uses to this scope until the block ends."""
-        previous = getattr(_current, "scope", None)
-        _current.scope = self
-        try:
-            yield
-        finally:
-            _current.scope = previous
-            with self._lock:
-                self._streams = []
+        return Attachment(self)
 
     def _attach(self, stream: httpcore.NetworkStream) -> None:
         with self._lock:
@@ -69,6 +59,35 @@ class CallScope:
                     self._streams.append(stream)
         if cancelled:
             _shutdown(stream)
+
+
+class Attachment:
+    """While entered, the sockets this thread touches are attached to ``scope`` (to none when it is
+    None); ``close()``, or the end of the block, lets them go. A class rather than a generator
+    context manager in an ExitStack: it is entered once per hop, and costs a third as much."""
+
+    __slots__ = ("_previous", "_scope")
+
+    def __init__(self, scope: CallScope | None) -> None:
+        self._scope = scope
+        self._previous: CallScope | None = None
+
+    def __enter__(self) -> Attachment:
+        if self._scope is not None:
+            self._previous = getattr(_current, "scope", None)
+            _current.scope = self._scope
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Let go of the sockets now (a second call does nothing)."""
+        scope, self._scope = self._scope, None
+        if scope is not None:
+            _current.scope = self._previous
+            with scope._lock:
+                scope._streams = []
 
 
 def _shutdown(stream: httpcore.NetworkStream) -> None:

@@ -20,13 +20,13 @@ import functools
 import operator
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
 import httpx
 import orjson
 
 from services.inference.providers.base import ErrorClass, ProviderRequest
+from services.inference.providers.cancel import Attachment
 from services.inference.providers.catalog import Channel
 from services.inference.providers.classify import exception_error_class, retry_after_ms, status_error_class
 from services.inference.providers.frames import (
@@ -136,10 +136,7 @@ def exchange(
     )
     # While the hop runs, its sockets belong to the request's cancel scope; the scope lets go of
     # them before the response is closed and the connection goes back to the pool.
-    scope = ExitStack()
-    if request.cancel is not None:
-        scope.enter_context(request.cancel.active())
-    with scope:
+    with Attachment(request.cancel) as scope:
         try:
             response = transport.handle_request(http_request)
         except httpx.HTTPError as exc:
