@@ -223,7 +223,7 @@ def _read_frames(
     completion = Completion()
     feed, parts, texts = completion.feed_raw_line, completion.parts, 0
     try:
-        for lines in sse_raw_lines(_capped(response.iter_bytes(), settings.max_response_bytes)):
+        for lines in sse_raw_lines(_capped(_body(response), settings.max_response_bytes)):
             for line in lines:
                 frame = feed(line)
                 now = time.monotonic()
@@ -306,6 +306,14 @@ def _finish(
         first_token_at=token_times[0] if token_times else None,
         token_gaps=_gaps(token_times) if token_times else (),
     )
+
+
+def _body(response: httpx.Response) -> Iterator[bytes]:
+    """The body's chunks, decompressed. With no Content-Encoding, ``iter_bytes()`` yields exactly the
+    chunks ``iter_raw()`` does, through an identity decoder and a re-chunker that change nothing."""
+    if "content-encoding" in response.headers:
+        return response.iter_bytes()
+    return response.iter_raw()
 
 
 class _TooLarge(Exception):
