@@ -34,6 +34,7 @@ from services.inference.providers.settings import BreakerPolicy
 log = logging.getLogger(__name__)
 SCRIPT = (Path(__file__).resolve().parent / "lua" / "breaker.lua").read_text(encoding="utf-8")
 _VERDICTS = {0: Verdict.CLOSED, 1: Verdict.TRIAL, 2: Verdict.OPEN}
+_CLOSED = Admission(Verdict.CLOSED)  # frozen: one instance serves every call that needs no script
 _WARN_EVERY_S = 10.0
 
 
@@ -63,10 +64,10 @@ class RedisBreakers:
 
     def admit(self, channel: str, *, now_ms: int | None = None) -> Admission:
         if now_ms is None and self._healthy_until.get(channel, 0.0) > time.monotonic():
-            return Admission(Verdict.CLOSED)
+            return _CLOSED
         reply = self._run(channel, "admit", False, now_ms)
         if reply is None:
-            return Admission(Verdict.CLOSED)
+            return _CLOSED
         verdict = _VERDICTS[int(reply[0])]
         if verdict is Verdict.CLOSED and int(reply[2]) == 0 and self._healthy_cache_s > 0:
             self._healthy_until[channel] = time.monotonic() + self._healthy_cache_s
