@@ -225,15 +225,17 @@ def _read_frames(
     gate = settings.stream_gate_s
     committed = False
     completion = Completion()
-    feed, parts, texts = completion.feed_raw_line, completion.parts, 0
+    feed, parts, texts, monotonic = completion.feed_raw_line, completion.parts, 0, time.monotonic
     try:
         for lines in sse_raw_lines(_capped(_body(response), settings.max_response_bytes)):
             for line in lines:
                 frame = feed(line)
-                now = time.monotonic()
+                now = monotonic()
                 if not committed and now - opened >= gate:
                     committed = True  # nothing decisive within the gate: a slow model is not a broken one
-                if frame is Frame.CONTENT:
+                if frame is None:
+                    pass  # a line inside an event: most of them
+                elif frame is Frame.CONTENT:
                     if len(parts) > texts or not token_times:
                         token_times.append(now)  # the first decisive frame, then each one that carries text
                         texts = len(parts)

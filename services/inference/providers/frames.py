@@ -109,17 +109,14 @@ class Completion:
                 chunk = orjson.loads(data)
             except orjson.JSONDecodeError:
                 return self.feed(data.decode("utf-8", "replace"), event)
-            return self._parsed(chunk, event)
-        if not data.startswith("{") and data.strip() == "[DONE]":  # a chunk's JSON opens with "{"
+        elif not data.startswith("{") and data.strip() == "[DONE]":  # a chunk's JSON opens with "{"
             self.done = True
             return Frame.DONE
-        try:
-            chunk = _loads(data)
-        except ValueError:
-            return Frame.BAD
-        return self._parsed(chunk, event)
-
-    def _parsed(self, chunk: Any, event: str | None) -> Frame:
+        else:
+            try:
+                chunk = _loads(data)
+            except ValueError:
+                return Frame.BAD
         if not isinstance(chunk, dict):
             return Frame.BAD
         if event == "error" or "error" in chunk:
@@ -151,7 +148,7 @@ class Completion:
         if isinstance(text, str) and text:
             self.parts.append(text)
             decisive = True
-        if delta.get("tool_calls") or delta.get("refusal"):
+        elif delta.get("tool_calls") or delta.get("refusal"):
             decisive = True
         finish_reason = choice.get("finish_reason")
         if finish_reason:
