@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from services.inference.prompt import build_messages
 from services.inference.providers import Gateway, GatewaySettings, ProviderRequest, ProviderResult
 from services.inference.providers.base import ErrorClass, PermitDenied, PermitGranted
 from services.inference.providers.breaker_store import RedisBreakers, connect
+from services.inference.providers.cancel import CallScope
 from services.inference.providers.catalog import load_catalog
 from services.sandbox.samples import SAMPLES_DIR
 
@@ -369,6 +371,31 @@ def test_a_stream_that_outlives_the_attempt_deadline_is_ended_at_the_deadline(
     # Then the attempt ends with the deadline (retryable by the schedule), the permit kept as unknown
     assert result.error_class is ErrorClass.DEADLINE and result.retryable and result.sent
     assert permits.released == [("p1", "UNKNOWN", 0, 0)]
+
+
+@pytest.mark.parametrize(
+    ("fault", "delay_s"),
+    [("hang_before_headers", 30.0), ("slow_stream", 1.0)],
+    ids=["before_headers", "mid_stream"],
+)
+def test_a_call_whose_job_the_worker_lost_is_cut_at_once_and_not_failed_over(
+    tmp_path: Path, ch1: Sim, ch2: Sim, fault: str, delay_s: float
+) -> None:
+    # Given channel 1 holds the call (no headers yet, or a stream with its chunks a second apart)
+    ch1.fault(fault, count=1, delay_s=delay_s)
+    gateway = gateway_for(tmp_path, ch1.url, ch2.url, FATURA_PROVIDER_HEADER_TIMEOUT_SECONDS="60")
+    scope = CallScope()
+    # When the worker loses the job 0.3 s into the call (its heartbeat cancels the scope)
+    threading.Timer(0.3, scope.cancel).start()
+    started = time.monotonic()
+    result = call(gateway, cancel=scope, deadline_s=60.0)
+    # Then the call ends at once, as cancelled: no failover, and it counts against no channel
+    assert time.monotonic() - started < 5.0
+    assert result.error_class is ErrorClass.CANCELLED
+    assert outcomes(result) == [("ch1", "cancelled")]
+    assert ch2.requests() == 0
+    # And the channel's connections still serve the next call
+    assert outcomes(call(gateway)) == [("ch1", "ok")]
 
 
 def test_a_provider_429_is_reported_as_a_throttle_with_its_retry_after(

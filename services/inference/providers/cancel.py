@@ -166,8 +166,9 @@ class TrackingBackend(httpcore.NetworkBackend):
 def cancellable_transport(**kwargs: typing.Any) -> httpx.HTTPTransport:
     """An ``httpx.HTTPTransport`` whose connections go through ``TrackingBackend``.
 
-    httpx does not take a network backend, so the pool it built is given one after the fact
-    (``test_provider_cancel`` fails if a new httpx stops honouring this).
+    httpx does not take a network backend, so the pool it built is given one after the fact (the
+    gateway's test of a call whose job the worker lost, tests/integration/test_gateway.py, fails if
+    a new httpx stops honouring this).
     """
     transport = httpx.HTTPTransport(**kwargs)
     pool = transport._pool
