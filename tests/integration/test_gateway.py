@@ -465,7 +465,7 @@ def test_worker_threads_share_one_gateway(tmp_path: Path, ch1: Sim) -> None:
         t.start()
     for t in threads:
         t.join()
-    # Then every call is answered over the shared pooled client
+    # Then every call is answered, each thread sending through a connection pool of its own
     assert len(results) == 40 and all(r.ok for r in results)
     assert ch1.requests() == 40
 
