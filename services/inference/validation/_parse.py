@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import fastjsonschema
+import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
@@ -138,7 +139,7 @@ def parse_invoice(content: str, max_bytes: int) -> dict[str, Any] | Verdict:
     fenced = _CODE_FENCE.match(content)
     text = fenced.group(1) if fenced else content
     try:
-        document = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        document = load_json(text)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and _BrokenJson are ValueErrors
         return Verdict.model_error("broken_json", _clip(f"the answer is not valid JSON: {exc}"))
     if not isinstance(document, dict):
@@ -160,6 +161,37 @@ def parse_invoice(content: str, max_bytes: int) -> dict[str, Any] | Verdict:
     if error is not None:
         return Verdict.model_error("schema_violation", _clip(f"{error.json_path}: {error.message}"))
     return document
+
+
+def load_json(text: str) -> Any:
+    """The JSON value of ``text``; raises ``ValueError`` (or ``RecursionError``) for text that is not
+    one unambiguous JSON value: broken, NaN or Infinity, or an object naming a key twice.
+
+    Python's reader is the reference (``reference_load``), and names what is wrong; orjson reads the
+    common case, a clean answer, in a third of its time (measured on the samples' answers: 46 ->
+    18 us). orjson keeps one of two equal keys without a word, so its value is taken only when the
+    text holds as many colons as orjson's own rendering of it: outside strings a colon follows each
+    key, and inside strings (with no ``\\u`` escape, which could spell one) each colon is one of the
+    value's, so a key read twice leaves the text with at least one colon more. orjson also reads an
+    integer past 64 bits as a float, which it renders with an exponent (``e+``, as every float from
+    1e16 up): such a rendering takes the reference too. Anything else, including whatever orjson
+    refuses, goes to the reference, which decides.
+    """
+    if "\\u" not in text:
+        try:
+            document = orjson.loads(text)
+            rendered = orjson.dumps(document)
+        except (orjson.JSONDecodeError, orjson.JSONEncodeError):  # the encoder nests less deep
+            pass
+        else:
+            if text.count(":") == rendered.count(b":") and b"e+" not in rendered:
+                return document
+    return reference_load(text)
+
+
+def reference_load(text: str) -> Any:
+    """Python's reader, refusing a repeated key and NaN or Infinity."""
+    return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
