@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -80,6 +81,15 @@ class ClaimedJob:
     # The trace the job's accepting request started (services/common/tracing.py); None untraced.
     traceparent: str | None = None
 
+    # The ids as text, made once: an attempt names them a dozen times (keys, spans, log fields).
+    @cached_property
+    def job_text(self) -> str:
+        return str(self.job_id)
+
+    @cached_property
+    def tenant_text(self) -> str:
+        return tenant_text(self.tenant_id)
+
 
 @dataclass(frozen=True)
 class Started:
@@ -107,7 +117,20 @@ class Refused:
     since_accepted: float
 
 
-def request_key(job_id: uuid.UUID, fence: int) -> str:
+_TENANT_TEXTS: dict[uuid.UUID, str] = {}
+
+
+def tenant_text(tenant_id: uuid.UUID) -> str:
+    """``str(tenant_id)``, kept: a worker serves a few tenants, and names one several times a job."""
+    text = _TENANT_TEXTS.get(tenant_id)
+    if text is None:
+        if len(_TENANT_TEXTS) >= 10_000:
+            _TENANT_TEXTS.clear()
+        text = _TENANT_TEXTS[tenant_id] = str(tenant_id)
+    return text
+
+
+def request_key(job_id: uuid.UUID | str, fence: int) -> str:
     """The limiter request_key of the start that takes ``fence``: the same while the job is only
     deferred, so a local pool's head of the line keeps its place and a retried Acquire finds the
     permit it may already have been granted; a new one for every start."""
@@ -203,13 +226,14 @@ class Claims:
             if head is None:
                 self._loads.forget(tenant_id)
                 continue  # its due jobs are being claimed by other slots right now
+            head_text = str(head["id"])
             with tracing.span(
                 "limiter acquire",
                 tracing.valid(head["traceparent"]),
-                {"job_id": str(head["id"]), "tenant_id": str(tenant_id)},
+                {"job_id": head_text, "tenant_id": tenant_text(tenant_id)},
                 kind=tracing.SpanKind.CLIENT,
             ) as span:
-                key = request_key(head["id"], head["fence"] + 1)
+                key = request_key(head_text, head["fence"] + 1)
                 try:
                     decision = acquire(tenant_id, int(head["estimated_tokens"]), key)
                 except NeverAdmittable as exc:

@@ -33,6 +33,7 @@ from services.inference.claims import (
     Refused,
     Started,
     request_key,
+    tenant_text,
 )
 from services.inference.nudge import RelayNudge
 from services.inference.outcomes import WORKER_ERROR, decide
@@ -207,7 +208,7 @@ class Executor:
         def ask(key: str) -> Grant | Denial:
             return self._limiter.acquire(
                 self._s.limiter_pool,
-                str(tenant_id),
+                tenant_text(tenant_id),
                 self._prompt_estimate(estimated_tokens),
                 self._s.max_output_tokens,
                 lease_ms=self.lease_ms,
@@ -238,11 +239,11 @@ class Executor:
     def _run(self, started: Started) -> Claimed:
         """Run the attempt; returns the slot's next claim, made in the completion's transaction."""
         job = started.job
-        attributes: dict[str, str | int] = {"job_id": str(job.job_id), "attempt": job.attempt}
+        attributes: dict[str, str | int] = {"job_id": job.job_text, "attempt": job.attempt}
         attributes["fence"] = job.fence
         with (
             tracing.span("inference attempt", job.traceparent, attributes),
-            logs.bound(job_id=job.job_id, tenant_id=job.tenant_id, attempt=job.attempt, fence=job.fence),
+            logs.bound(job_id=job.job_text, tenant_id=job.tenant_text, attempt=job.attempt, fence=job.fence),
         ):
             return self._run_owned(started)
 
@@ -250,13 +251,13 @@ class Executor:
         job = started.job
         permits = AttemptPermits(
             self._limiter,
-            tenant=str(job.tenant_id),
+            tenant=job.tenant_text,
             estimated_input_tokens=self._prompt_estimate(job.estimated_tokens),
             max_output_tokens=self._s.max_output_tokens,
             lease_ms=self.lease_ms,
             primary_pool=self._s.limiter_pool,
             primary=started.grant,
-            request_key=request_key(job.job_id, job.fence),
+            request_key=request_key(job.job_text, job.fence),
         )
         call = CallScope()
         with self._owned_lock:
@@ -270,7 +271,7 @@ class Executor:
                 messages=build_messages(context.source_text, job.schema_version),
                 max_output_tokens=self._s.max_output_tokens,
                 deadline_s=self._s.attempt_deadline_seconds,
-                request_id=f"{job.job_id}:{job.attempt}",
+                request_id=f"{job.job_text}:{job.attempt}",
                 cancel=call,
             )
             try:
@@ -302,7 +303,7 @@ class Executor:
         """Write the outcome and, in the same transaction, claim the slot's next job (none while
         stopping). The call was made (and may be billed): its answer is worth keeping through a
         blip, and through a failure of the next claim, after which the outcome is written alone."""
-        what = f"job {job.job_id}: writing its outcome"
+        what = f"job {job.job_text}: writing its outcome"
         if self._stopping.is_set():
             self._through_blips(what, lambda: self._claims.complete(job, completion))
             return None
