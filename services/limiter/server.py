@@ -16,7 +16,6 @@ import sys
 from typing import Any
 
 import grpc
-import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import REGISTRY
@@ -188,8 +187,7 @@ def main() -> int:
     except ConfigError as exc:
         log.error("limiter cannot start: %s", exc)
         return 2
-    # uvloop, as the jobs-grpc process and the HTTP edge: grpc.aio runs on it, for less CPU per Batch.
-    return uvloop.run(serve(common, settings, holder, credentials))
+    return asyncio.run(serve(common, settings, holder, credentials))
 
 
 if __name__ == "__main__":
