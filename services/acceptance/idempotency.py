@@ -47,7 +47,7 @@ def request_hash(
     policy_version: str,
     options: Mapping[str, Any],
 ) -> str:
-    canonical = json.dumps(
+    canonical = _CANONICAL.encode(
         {
             "document": document_key,
             "object_version": object_version,
@@ -55,9 +55,11 @@ def request_hash(
             "model_policy": model_policy,
             "policy_version": policy_version,
             "options": options,
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=True,
+        }
     )
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+# What ``json.dumps(..., sort_keys=True, separators=(",", ":"), ensure_ascii=True)`` builds at every
+# call, built once.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
