@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -84,10 +84,10 @@ class UsageCache:
         entry = self._entries.get(tenant_id)
         if entry is not None:
             u = entry[1]
+            # Built directly: dataclasses.replace inspects the fields at every call.
             self._entries[tenant_id] = (
                 entry[0],
-                replace(
-                    u,
+                admission.Usage(
                     pending_jobs=u.pending_jobs + jobs,
                     pending_bytes=u.pending_bytes + jobs * cost.bytes,
                     pending_tokens=u.pending_tokens + jobs * cost.tokens,

@@ -93,6 +93,9 @@ class MetricsMiddleware:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        # The labelled children, found once: ``labels()`` takes a lock and builds its key each call.
+        self._counters: dict[tuple[str, str, int], Any] = {}
+        self._timers: dict[tuple[str, str], Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -113,8 +116,16 @@ class MetricsMiddleware:
             route = scope.get("route")
             name = getattr(route, "name", None) or "unmatched"
             method = scope.get("method", "")
-            metrics.REQUESTS.labels(method, name, str(status)).inc()
-            metrics.LATENCY.labels(method, name).observe(time.perf_counter() - started)
+            counter = self._counters.get((method, name, status))
+            if counter is None:
+                counter = metrics.REQUESTS.labels(method, name, str(status))
+                self._counters[(method, name, status)] = counter
+            counter.inc()
+            timer = self._timers.get((method, name))
+            if timer is None:
+                timer = metrics.LATENCY.labels(method, name)
+                self._timers[(method, name)] = timer
+            timer.observe(time.perf_counter() - started)
 
 
 def create_app(
