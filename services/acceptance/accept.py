@@ -36,6 +36,7 @@ from services.acceptance.settings import AcceptanceSettings
 from services.common import events, states, tracing
 from services.common.api.errors import ApiError, Conflict, Unprocessable
 from services.common.api.tenancy import Tenant
+from services.common.db import statement_cursor
 from services.common.ids import new_id
 from services.common.uow import JobChange, OutboxNotifier
 
@@ -246,7 +247,8 @@ class Acceptor:
     ) -> JSON | None:
         """``accept_job``: the new job's row, or None when the key was taken first."""
         params = write_params(self._settings, tenant.id, key, request, plan, new_id())
-        row = await (await conn.execute(Q["accept_job"], params)).fetchone()
+        cursor = statement_cursor(conn, "accept_job")
+        row = await (await cursor.execute(Q["accept_job"], params)).fetchone()
         if row is not None and within is not None:
             await within(conn, row["id"])
         return row

@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import psycopg
-from psycopg import AsyncConnection, Connection
+from psycopg import AsyncConnection, AsyncCursor, Connection
 from psycopg.adapt import AdaptersMap
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import set_json_dumps
@@ -188,3 +188,27 @@ async def async_connect(
 
 def _db_role(settings: CommonSettings, db_role: str | None) -> str | None:
     return db_role if settings.db_roles else None
+
+
+R = TypeVar("R")
+_CURSORS = "_fatura_statement_cursors"
+
+
+def statement_cursor(conn: AsyncConnection[R], name: str) -> AsyncCursor[R]:
+    """The cursor ``conn`` keeps for the statement ``name``, for a statement a process runs on every
+    request (``accept_job``).
+
+    ``conn.execute`` makes a new cursor each time, and with it a new adapters map and transformer
+    that look up every parameter's dumper again; a cursor that runs the same query object again
+    keeps its transformer. The cursor lives as long as its connection (it is kept on it, so a
+    connection the pool discards takes its cursors along), and is used only while its connection
+    is checked out, by one task.
+    """
+    cursors: dict[str, AsyncCursor[R]] | None = getattr(conn, _CURSORS, None)
+    if cursors is None:
+        cursors = {}
+        setattr(conn, _CURSORS, cursors)
+    cursor = cursors.get(name)
+    if cursor is None or cursor.closed:
+        cursor = cursors[name] = conn.cursor()
+    return cursor
