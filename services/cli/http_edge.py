@@ -9,6 +9,7 @@ serves them merged (prometheus-client multiprocess mode) on ``FATURA_HTTP_METRIC
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
@@ -123,7 +124,26 @@ def create_app_from_env() -> Starlette:
     if not logging.getLogger().handlers:
         logs.setup(settings.common.log_level, settings.common.log_format)
     tracing.setup("http", trace_file=settings.common.trace_file)
-    return create_http_app(settings)
+    app = create_http_app(settings)
+    tune_gc()
+    return app
+
+
+# A request leaves no cyclic garbage behind, but the objects it holds while in flight (every
+# concurrent request's frames, dicts and rows) reach the default 700 new containers within a few
+# requests, and each such collection walks them, and a full one every 100 walks all the
+# interpreter's ~100,000 objects: together about 6% of the edge's CPU per request. A young
+# generation of 50,000 is collected when garbage has piled up, not at every burst of live requests,
+# and the objects made at start-up (modules, routes, schemas) are frozen out of every collection.
+GC_YOUNG_THRESHOLD = 50_000
+
+
+def tune_gc() -> None:
+    """Call once the app is built, in each worker process."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 def main() -> int:
