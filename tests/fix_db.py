@@ -100,6 +100,21 @@ def tenant(make_tenant: Callable[..., TenantHandle]) -> TenantHandle:
     return make_tenant()
 
 
+@pytest.fixture
+def unpublished_tenant_id(pool: SyncPool, make_tenant: MakeTenant) -> Iterator[uuid.UUID]:
+    """A tenant whose jobs' events no relay of a later test publishes: for tests that accept jobs
+    through the Acceptor alone, whose jobs go nowhere."""
+    made = make_tenant().id
+    yield made
+    with pool.connection() as conn:
+        conn.execute(
+            """UPDATE outbox_events SET published_at = now()
+               WHERE published_at IS NULL
+                 AND job_id IN (SELECT id FROM extraction_jobs WHERE tenant_id = %s)""",
+            (made,),
+        )
+
+
 def count_rows(pool: SyncPool, tenant_id: uuid.UUID) -> dict[str, int]:
     """How many rows a tenant has in each table a request may write."""
     with pool.connection() as conn:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 
-from fix_db import MakeTenant, SyncPool
+from fix_db import SyncPool
 from services.acceptance.accept import Accepted, Acceptor
 from services.acceptance.requests import CreateJob, DocumentBody
 from services.acceptance.settings import AcceptanceSettings
@@ -22,17 +21,8 @@ from services.common.settings import CommonSettings
 
 
 @pytest.fixture
-def tenant_id(pool: SyncPool, make_tenant: MakeTenant) -> Iterator[uuid.UUID]:
-    """A tenant whose jobs' events no relay of a later test publishes: these jobs go nowhere."""
-    made = make_tenant().id
-    yield made
-    with pool.connection() as conn:
-        conn.execute(
-            """UPDATE outbox_events SET published_at = now()
-               WHERE published_at IS NULL
-                 AND job_id IN (SELECT id FROM extraction_jobs WHERE tenant_id = %s)""",
-            (made,),
-        )
+def tenant_id(unpublished_tenant_id: uuid.UUID) -> uuid.UUID:
+    return unpublished_tenant_id
 
 
 def _job(text: str, filename: str | None = "inv.txt") -> CreateJob:
