@@ -28,6 +28,7 @@ from services.common.api.context import ApiContext, json_response
 from services.common.api.errors import ApiError, Unavailable
 from services.common.api.openapi import JSON
 from services.common.db import AsyncPool
+from services.common.metric_children import Children
 from services.edge import metrics
 from services.edge.ops import ops_routes
 from services.edge.review_page import review_page_routes
@@ -93,9 +94,8 @@ class MetricsMiddleware:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        # The labelled children, found once: ``labels()`` takes a lock and builds its key each call.
-        self._counters: dict[tuple[str, str, int], Any] = {}
-        self._timers: dict[tuple[str, str], Any] = {}
+        self._requests = Children(metrics.REQUESTS)
+        self._latency = Children(metrics.LATENCY)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -116,16 +116,8 @@ class MetricsMiddleware:
             route = scope.get("route")
             name = getattr(route, "name", None) or "unmatched"
             method = scope.get("method", "")
-            counter = self._counters.get((method, name, status))
-            if counter is None:
-                counter = metrics.REQUESTS.labels(method, name, str(status))
-                self._counters[(method, name, status)] = counter
-            counter.inc()
-            timer = self._timers.get((method, name))
-            if timer is None:
-                timer = metrics.LATENCY.labels(method, name)
-                self._timers[(method, name)] = timer
-            timer.observe(time.perf_counter() - started)
+            self._requests(method, name, str(status)).inc()
+            self._latency(method, name).observe(time.perf_counter() - started)
 
 
 def create_app(

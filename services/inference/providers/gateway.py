@@ -16,11 +16,11 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Generic, TypeVar
 
 import httpx
 from prometheus_client import Counter, Histogram
 
+from services.common.metric_children import Children
 from services.inference.providers.base import (
     ErrorClass,
     Hop,
@@ -66,30 +66,11 @@ HOP_SECONDS = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 45, 90, 240),
 )
 
-_Metric = TypeVar("_Metric", Counter, Histogram)
-
-
-class _Children(Generic[_Metric]):
-    """A metric's labelled children, each looked up once: ``labels()`` costs more than what the child
-    then records. A child is made when first recorded to, as before, so a series appears in
-    /metrics exactly when it did."""
-
-    def __init__(self, metric: _Metric) -> None:
-        self._metric: _Metric = metric
-        self._children: dict[tuple[str, ...], _Metric] = {}
-
-    def __call__(self, *labels: str) -> _Metric:
-        child = self._children.get(labels)
-        if child is None:
-            child = self._children[labels] = self._metric.labels(*labels)
-        return child
-
-
-_HOPS = _Children(HOPS)
-_HOP_SECONDS = _Children(HOP_SECONDS)
-_TIME_TO_FIRST_TOKEN = _Children(TIME_TO_FIRST_TOKEN)
-_INTER_TOKEN = _Children(INTER_TOKEN)
-_TOKENS = _Children(TOKENS)
+_HOPS = Children(HOPS)
+_HOP_SECONDS = Children(HOP_SECONDS)
+_TIME_TO_FIRST_TOKEN = Children(TIME_TO_FIRST_TOKEN)
+_INTER_TOKEN = Children(INTER_TOKEN)
+_TOKENS = Children(TOKENS)
 
 
 def http_transport(settings: GatewaySettings, verify: ssl.SSLContext | bool = True) -> httpx.HTTPTransport:
