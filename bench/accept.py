@@ -41,7 +41,9 @@ CONSOLE = Console(width=None if sys.stdout.isatty() else 140)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--rates", default="200,300,400,500,600,800,1000,1200,1500", help="offered req/s, comma-separated"
+        "--rates",
+        default="200,400,600,800,1000,1200,1500,1800,2000,2200,2500,3000",
+        help="offered req/s, comma-separated (a rate far past saturation ends the run)",
     )
     p.add_argument("--duration", type=float, default=6.0, help="seconds per rate")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds at the lowest rate, not reported")
@@ -138,7 +140,8 @@ def run_rates(
             result = summarize(rate, outcome, seconds, next_xid(database_url) - xid_before)
             results.append(result)
             progress.update(task, note=f"p99 {result.p99_ms:.1f} ms, errors {sum(result.errors.values())}")
-            if result.p99_ms > 20 * args.slo_ms or result.accepted < 0.5 * total:
+            missed = [r for r in results[-2:] if not r.held(args.slo_ms)]
+            if result.p99_ms > 20 * args.slo_ms or result.accepted < 0.5 * total or len(missed) == 2:
                 progress.console.print(f"saturated at {rate:.0f}/s; the higher rates are skipped")
                 break
     return results

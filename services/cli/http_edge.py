@@ -76,7 +76,12 @@ class Mounted:
         # Autocommit: a single read or a single-statement write is one round trip; a multi-statement
         # unit of work still opens its own transaction.
         self.pool = async_pool(
-            settings.common, name="http", autocommit=True, role="edge", db_role="fatura_edge"
+            settings.common,
+            name="http",
+            max_size=settings.edge_db_pool_max,
+            autocommit=True,
+            role="edge",
+            db_role="fatura_edge",
         )
         throttle = FailureThrottle(settings.auth_failure_limit, 60.0, settings.auth_block_seconds)
         auth = Authenticator(self.pool, settings.auth_cache_seconds, throttle)

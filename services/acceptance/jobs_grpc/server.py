@@ -142,7 +142,12 @@ def build_servicer(
 
 async def serve(settings: JobsGrpcSettings, credentials: Any = None) -> int:
     pool = async_pool(
-        settings.acceptance.common, name="jobs-grpc", autocommit=True, role="edge", db_role="fatura_edge"
+        settings.acceptance.common,
+        name="jobs-grpc",
+        max_size=settings.acceptance.edge_db_pool_max,
+        autocommit=True,
+        role="edge",
+        db_role="fatura_edge",
     )
     server = grpc.aio.server(
         options=[
