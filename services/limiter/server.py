@@ -54,8 +54,14 @@ def build_ops(settings: LimiterSettings, holder: ConfigHolder) -> LimiterOps:
     return LimiterOps(lambda: holder.current, limits, KeyLayout(settings.key_prefix))
 
 
-async def _watch_redis(store: AsyncRedisStore, checker: health.aio.HealthServicer) -> None:
-    """Report NOT_SERVING through the standard health service while Redis cannot be reached."""
+async def _watch_redis(
+    store: AsyncRedisStore, checker: health.aio.HealthServicer, interval_s: float = _HEALTH_INTERVAL_S
+) -> None:
+    """Report NOT_SERVING through the standard health service while Redis cannot be reached.
+
+    A ping that fails in a way the store does not translate (a client library's own error on a
+    reset connection, say) also means Redis is not known to answer: NOT_SERVING, and the watch goes
+    on, so the status follows Redis back when it answers again."""
     last = None
     while True:
         try:
@@ -65,6 +71,10 @@ async def _watch_redis(store: AsyncRedisStore, checker: health.aio.HealthService
             status = health_pb2.HealthCheckResponse.NOT_SERVING
             if last != status:
                 log.error("redis unreachable, limiter NOT_SERVING (RPCs answer UNAVAILABLE): %s", exc)
+        except Exception:
+            status = health_pb2.HealthCheckResponse.NOT_SERVING
+            if last != status:
+                log.exception("redis ping failed unexpectedly, limiter NOT_SERVING")
         if (
             last == health_pb2.HealthCheckResponse.NOT_SERVING
             and status == health_pb2.HealthCheckResponse.SERVING
@@ -75,7 +85,7 @@ async def _watch_redis(store: AsyncRedisStore, checker: health.aio.HealthService
         # service SERVING too.
         for name in (SERVICE_NAME, ""):
             await checker.set(name, status)
-        await asyncio.sleep(_HEALTH_INTERVAL_S)
+        await asyncio.sleep(interval_s)
 
 
 def _describe_security(settings: LimiterSettings) -> str:
