@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 from fix_kafka import Broker, record_key, request, wait_for
+from psycopg import Connection
 
 from fix_db import MakeTenant, SyncPool
 from fix_processes import ServiceProcess, SpawnFn
@@ -49,23 +50,41 @@ def blocker_params(tenant_id: uuid.UUID, key: str, text: str) -> dict[str, Any]:
     return {**write_params(settings, tenant_id, key, body, plan, uuid.uuid4()), "state": "CANCELLED"}
 
 
+def _jobs_by_key(conn: Connection[Any], tenant_id: uuid.UUID) -> dict[str, int]:
+    rows = conn.execute(
+        "SELECT idempotency_key, count(*) AS n FROM extraction_jobs WHERE tenant_id = %s "
+        "GROUP BY idempotency_key",
+        (tenant_id,),
+    ).fetchall()
+    return {row["idempotency_key"]: row["n"] for row in rows}
+
+
+def _inbox(conn: Connection[Any], topic: str) -> dict[tuple[int, int], dict[str, Any]]:
+    rows = conn.execute(
+        'SELECT partition, "offset", outcome, job_id, reason FROM kafka_ingress_inbox WHERE topic = %s',
+        (topic,),
+    ).fetchall()
+    return {(row["partition"], row["offset"]): row for row in rows}
+
+
 def jobs_by_key(pool: SyncPool, tenant_id: uuid.UUID) -> dict[str, int]:
     with pool.connection() as conn:
-        rows = conn.execute(
-            "SELECT idempotency_key, count(*) AS n FROM extraction_jobs WHERE tenant_id = %s "
-            "GROUP BY idempotency_key",
-            (tenant_id,),
-        ).fetchall()
-    return {row["idempotency_key"]: row["n"] for row in rows}
+        return _jobs_by_key(conn, tenant_id)
 
 
 def inbox(pool: SyncPool, topic: str) -> dict[tuple[int, int], dict[str, Any]]:
     with pool.connection() as conn:
-        rows = conn.execute(
-            'SELECT partition, "offset", outcome, job_id, reason FROM kafka_ingress_inbox WHERE topic = %s',
-            (topic,),
-        ).fetchall()
-    return {(row["partition"], row["offset"]): row for row in rows}
+        return _inbox(conn, topic)
+
+
+def inbox_and_jobs(
+    pool: SyncPool, topic: str, tenant_id: uuid.UUID
+) -> tuple[dict[tuple[int, int], dict[str, Any]], dict[str, int]]:
+    """The inbox and the jobs as one snapshot: a killed ingress's last COMMIT may still land after
+    its process is gone, between two separate reads."""
+    with pool.connection() as conn:
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        return _inbox(conn, topic), _jobs_by_key(conn, tenant_id)
 
 
 def metric(process: ServiceProcess, name: str) -> float:
@@ -116,10 +135,10 @@ def test_a_consumer_killed_between_the_inbox_commit_and_the_offset_commit_makes_
     group = f"g-{topic}"
     doomed = start_ingress(spawn, broker, topic, group, FATURA_FAULTS="crash_after_ingress_inbox_commit")
     assert doomed.wait_exit(timeout=60) == -signal.SIGKILL
-    taken_before = inbox(pool, topic)
+    taken_before, jobs_before = inbox_and_jobs(pool, topic, tenant.id)
     assert taken_before, "the fault point is after the inbox commit"
     assert broker.committed(group, topic, 1).get(0, 0) == 0
-    assert sum(jobs_by_key(pool, tenant.id).values()) == len(taken_before)
+    assert sum(jobs_before.values()) == len(taken_before)
 
     ingress = start_ingress(spawn, broker, topic, group)
     wait_for(lambda: broker.committed(group, topic, 1) == {0: 3}, "committed", log=ingress.log_tail)
