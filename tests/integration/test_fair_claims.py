@@ -37,7 +37,9 @@ def fresh_pool(database_url: str) -> Iterator[SyncPool]:
 def _queue_jobs(
     pool: SyncPool, tenant_id: uuid.UUID, count: int, priority: str = "batch", age_s: int = 0
 ) -> None:
-    """Insert ``count`` READY jobs for the tenant in one statement (the backlog a burst leaves)."""
+    """Insert ``count`` READY jobs for the tenant in one statement (the backlog a burst leaves), due
+    one millisecond apart in the order of ``g`` and all before the statement's ``now()``: a claim
+    made right after finds every one of them due."""
     doc_id = uuid.uuid4()
     with pool.connection() as conn:
         conn.execute(
@@ -52,7 +54,7 @@ def _queue_jobs(
                 policy_version, model_policy, priority, state, available_at, deadline_at, created_at)
             SELECT gen_random_uuid(), %(t)s, 'k' || g || '-' || %(p)s || %(d)s, 'h', %(d)s, 1, 'v1', 1, 10,
                    'invoice.v1', 'p', 'default', %(p)s, 'READY',
-                   now() - make_interval(secs => %(age)s) + g * interval '1 millisecond',
+                   now() - make_interval(secs => %(age)s) - (%(n)s + 1 - g) * interval '1 millisecond',
                    now() + interval '1 day', now()
             FROM generate_series(1, %(n)s) AS g
             """,
