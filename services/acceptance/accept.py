@@ -19,7 +19,6 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -29,6 +28,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from services.acceptance import admission, metrics, views
+from services.acceptance.group_write import GroupWriter
 from services.acceptance.idempotency import request_hash
 from services.acceptance.queries import Q
 from services.acceptance.requests import CreateJob, DocumentBody
@@ -106,6 +106,7 @@ class Acceptor:
         self._notifier = notifier
         self._settings = settings
         self._usage = UsageCache(settings.admission_cache_seconds)
+        self._writer = GroupWriter(pool, writers=settings.accept_writers, max_group=settings.accept_group_max)
         # The counters read under way per tenant, which requests finding the cache stale share.
         self._reading: dict[uuid.UUID, asyncio.Task[admission.Usage]] = {}
 
@@ -228,11 +229,14 @@ class Acceptor:
         usage: admission.Usage,
         within: Within | None,
     ) -> Accepted:
-        """The fast path's write: the job in one statement (with ``within``, one transaction)."""
+        """The fast path's write: the job in one statement, committed with the writes of other
+        requests that queue meanwhile (``GroupWriter``); with ``within``, one transaction of its own."""
+        if within is None:
+            params = write_params(self._settings, tenant.id, key, request, plan, new_id())
+            row = await self._writer.write(params)
+            return await self._answer(None, tenant, key, plan, usage, row, charge=False)
         async with self._pool.connection() as conn:
-            async with AsyncExitStack() as transaction:
-                if within is not None:  # one statement is its own transaction otherwise
-                    await transaction.enter_async_context(conn.transaction())
+            async with conn.transaction():
                 row = await self._insert(conn, tenant, key, request, plan, within)
             return await self._answer(conn, tenant, key, plan, usage, row, charge=False)
 
@@ -255,7 +259,7 @@ class Acceptor:
 
     async def _answer(
         self,
-        conn: AsyncConnection[Any],
+        conn: AsyncConnection[Any] | None,
         tenant: Tenant,
         key: str,
         plan: Plan,
@@ -265,13 +269,11 @@ class Acceptor:
         charge: bool,
     ) -> Accepted:
         """The answer once the write has committed: the new job, or the replay of the job that
-        holds the key."""
+        holds the key (read on ``conn``, or on a connection of the pool without one)."""
         estimated = self._estimated_seconds(usage)
         if row is None:
             # The key was taken first (now, or by an earlier request): answer as its replay.
-            existing = await (
-                await conn.execute(Q["job_by_key"], {"tenant_id": tenant.id, "idempotency_key": key})
-            ).fetchone()
+            existing = await self._job_by_key(conn, tenant.id, key)
             if existing is None:  # the other request rolled back after all; the client may retry
                 raise Conflict(
                     "a concurrent request with the same Idempotency-Key did not complete; retry",
@@ -284,6 +286,15 @@ class Acceptor:
             self._notifier.poke()
         metrics.JOBS_ACCEPTED.labels(row["priority"]).inc()
         return Accepted(views.accepted_body(row, estimated_seconds=estimated, replay=False), replay=False)
+
+    async def _job_by_key(
+        self, conn: AsyncConnection[Any] | None, tenant_id: uuid.UUID, key: str
+    ) -> JSON | None:
+        if conn is None:
+            async with self._pool.connection() as conn:
+                return await self._job_by_key(conn, tenant_id, key)
+        params = {"tenant_id": tenant_id, "idempotency_key": key}
+        return await (await conn.execute(Q["job_by_key"], params)).fetchone()
 
     def _replay(self, existing: JSON, wanted_hash: str, estimated: int) -> Accepted:
         if existing["request_hash"] != wanted_hash:

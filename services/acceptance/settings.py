@@ -22,6 +22,10 @@ class AcceptanceSettings:
     # one only for its statement's round trip, and a few connections kept busy cost PostgreSQL less
     # per statement than many that each wake for every tenth request.
     edge_db_pool_max: int = 4
+    # The fast path's writes of one process (services/acceptance/group_write.py): at most this many
+    # transactions at once, and the writes that queue meanwhile commit together, this many at most.
+    accept_writers: int = 2
+    accept_group_max: int = 32
     metrics_port: int = 9180
     max_document_bytes: int = 2 * MIB
     max_system_backlog: int = 200_000
@@ -57,6 +61,8 @@ class AcceptanceSettings:
             http_port=env_int(env, "FATURA_HTTP_PORT", 8080, lo=1, hi=65535),
             http_workers=env_int(env, "FATURA_HTTP_WORKERS", 2, lo=1, hi=64),
             edge_db_pool_max=env_int(env, "FATURA_EDGE_DB_POOL_MAX", 4, lo=1, hi=200),
+            accept_writers=env_int(env, "FATURA_ACCEPT_WRITERS", 2, lo=1, hi=200),
+            accept_group_max=env_int(env, "FATURA_ACCEPT_GROUP_MAX", 32, lo=1, hi=1000),
             metrics_port=env_int(env, "FATURA_HTTP_METRICS_PORT", 9180, lo=1, hi=65535),
             max_document_bytes=env_int(env, "FATURA_MAX_DOCUMENT_BYTES", 2 * MIB, lo=1024, hi=64 * MIB),
             max_system_backlog=env_int(env, "FATURA_MAX_SYSTEM_BACKLOG", 200_000, lo=0),
