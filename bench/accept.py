@@ -1,8 +1,10 @@
 """``fatura bench accept``: open-loop job submissions against the HTTP edge, beside a raw psycopg ceiling.
 
 Requests leave on a schedule computed in advance and each latency counts from its scheduled send
-time (``bench/load.py``), so a slow server cannot hide queueing by slowing the sender down. The
-ceiling runs the edge's own accept SQL straight through psycopg, in the same run (``bench/ceiling.py``).
+time (``bench/load.py``), so a slow server cannot hide queueing by slowing the sender down. Two
+ceilings run the edge's own accept SQL straight through psycopg, in the same run (``bench/ceiling.py``):
+one statement per transaction, and groups of statements per transaction, pipelined, as the edge's
+writers commit them under load (services/acceptance/group_write.py).
 """
 
 from __future__ import annotations
@@ -57,7 +59,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", help="API key for --url")
     add_database_argument(p, "fatura_bench")  # the ceiling always runs here, and the edge unless --url
     p.add_argument("--ceiling-connections", type=int, default=8, help="psycopg connections of the ceiling")
-    p.add_argument("--ceiling-seconds", type=float, default=6.0, help="0 skips the ceiling")
+    p.add_argument("--ceiling-seconds", type=float, default=6.0, help="0 skips the ceilings")
+    p.add_argument(
+        "--ceiling-group",
+        type=int,
+        default=8,
+        help="jobs per transaction of the second ceiling (as the edge's writers group them under load)",
+    )
     report.add_out_argument(p, "bench-accept.png", flag="--chart")
 
 
@@ -203,7 +211,7 @@ def held_rate(results: list[RateResult], slo_ms: float) -> RateResult | None:
     return max(held, key=lambda r: r.offered) if held else None
 
 
-def print_verdict(results: list[RateResult], ceiling: SqlCeiling | None, slo_ms: float) -> None:
+def print_verdict(results: list[RateResult], ceilings: list[SqlCeiling], slo_ms: float) -> None:
     best = held_rate(results, slo_ms)
     if best is None:
         CONSOLE.print(f"[bold red]No rate was held with p99 ≤ {slo_ms:g} ms and no errors.[/]")
@@ -212,20 +220,27 @@ def print_verdict(results: list[RateResult], ceiling: SqlCeiling | None, slo_ms:
             f"[bold]Highest rate held with p99 ≤ {slo_ms:g} ms and no errors: {best.offered:.0f}/s[/] "
             f"(achieved {best.achieved:.0f}/s, p99 {best.p99_ms:.1f} ms)"
         )
-    if ceiling is None:
-        return
-    c = ceiling.cpu_ms_per_job
-    CONSOLE.print(
-        f"[bold]Ceiling[/]: the same accept SQL through psycopg, {ceiling.connections} connections, closed "
-        f"loop: [bold]{ceiling.tx_per_second:.0f} jobs/s[/] (p50 {ceiling.p50_ms:.1f} ms, p99 "
-        f"{ceiling.p99_ms:.1f} ms; CPU ms/job: client {c['client']:.2f}, postgres {c['postgres']:.2f}, "
-        f"other {c['other']:.2f})"
-    )
-    if best is not None:
-        CONSOLE.print(f"HTTP held rate / ceiling = [bold]{best.offered / ceiling.tx_per_second:.2f}[/]")
+    for ceiling in ceilings:
+        c = ceiling.cpu_ms_per_job
+        how = (
+            "one statement per transaction"
+            if ceiling.group == 1
+            else f"{ceiling.group} statements per transaction, pipelined (as the edge groups them under load)"
+        )
+        CONSOLE.print(
+            f"[bold]Ceiling[/]: the same accept SQL through psycopg, {how}, {ceiling.connections} "
+            f"connections, closed loop: [bold]{ceiling.tx_per_second:.0f} jobs/s[/] "
+            f"(p50 {ceiling.p50_ms:.1f} ms, p99 {ceiling.p99_ms:.1f} ms; CPU ms/job: client "
+            f"{c['client']:.2f}, postgres {c['postgres']:.2f}, other {c['other']:.2f})"
+        )
+        if best is not None:
+            CONSOLE.print(
+                f"HTTP held rate / ceiling ({ceiling.group} per transaction) = "
+                f"[bold]{best.offered / ceiling.tx_per_second:.2f}[/]"
+            )
 
 
-def chart(results: list[RateResult], ceiling: SqlCeiling | None, slo_ms: float) -> Any:
+def chart(results: list[RateResult], ceilings: list[SqlCeiling], slo_ms: float) -> Any:
     offered = [r.offered for r in results]
     fig, (lat, thr) = report.pyplot().subplots(1, 2, figsize=(12, 4.8))
     for name, attr in (("p50", "p50_ms"), ("p95", "p95_ms"), ("p99", "p99_ms")):
@@ -236,14 +251,15 @@ def chart(results: list[RateResult], ceiling: SqlCeiling | None, slo_ms: float) 
     lat.legend()
     thr.plot(offered, [r.achieved for r in results], marker="o", label="achieved (202 answers/s)")
     thr.plot(offered, offered, color="grey", linestyle=":", label="offered")
-    if ceiling is not None:
-        thr.axhline(ceiling.tx_per_second, color="green", linestyle="--", label="psycopg ceiling")
+    for ceiling, style in zip(ceilings, ("--", "-."), strict=False):
+        label = "psycopg ceiling" + (f", {ceiling.group} per transaction" if ceiling.group > 1 else "")
+        thr.axhline(ceiling.tx_per_second, color="green", linestyle=style, label=label)
     thr.set(xlabel="offered req/s", ylabel="req/s")
     thr.set_title("Achieved vs offered")
     thr.legend()
     best = held_rate(results, slo_ms)
     verdict = f"held {best.offered:.0f}/s" if best else "no rate held"
-    ceiling_text = f"; psycopg ceiling {ceiling.tx_per_second:.0f}/s" if ceiling else ""
+    ceiling_text = "".join(f"; psycopg ceiling ({c.group}/tx) {c.tx_per_second:.0f}/s" for c in ceilings)
     fig.suptitle(
         f"fatura bench accept: {verdict} at p99 ≤ {slo_ms:g} ms{ceiling_text}; {os.cpu_count()} CPUs"
     )
@@ -275,14 +291,22 @@ def run(args: argparse.Namespace) -> int:
         finally:
             gens.close()
         stack.stop_all()  # the ceiling runs on a quiet database
-        ceiling = None
-        if args.ceiling_seconds > 0:
-            with CONSOLE.status(f"ceiling: raw psycopg for {args.ceiling_seconds:g} s"):
-                ceiling = sql_ceiling(
-                    stack.database_url, tenant_id, args.ceiling_connections, args.ceiling_seconds
+        ceilings: list[SqlCeiling] = []
+        for group in sorted({1, args.ceiling_group}) if args.ceiling_seconds > 0 else ():
+            with CONSOLE.status(
+                f"ceiling: raw psycopg, {group} per transaction, for {args.ceiling_seconds:g} s"
+            ):
+                ceilings.append(
+                    sql_ceiling(
+                        stack.database_url, tenant_id, args.ceiling_connections, args.ceiling_seconds, group
+                    )
                 )
     print_rates(results, args.slo_ms, remote=bool(args.url))
-    print_verdict(results, ceiling, args.slo_ms)
-    numbers = {"rates": [asdict(r) for r in results], "ceiling": asdict(ceiling) if ceiling else None}
-    report.save(args.chart, chart(results, ceiling, args.slo_ms), numbers)
+    print_verdict(results, ceilings, args.slo_ms)
+    numbers = {
+        "rates": [asdict(r) for r in results],
+        "ceiling": asdict(ceilings[0]) if ceilings else None,
+        "ceilings": [asdict(c) for c in ceilings],
+    }
+    report.save(args.chart, chart(results, ceilings, args.slo_ms), numbers)
     return 0

@@ -42,6 +42,7 @@ class SqlCeiling:
     p50_ms: float
     p99_ms: float
     cpu_ms_per_job: dict[str, float]  # client (the psycopg process), postgres, other
+    group: int = 1  # jobs per transaction
 
 
 def in_child(fn: Callable[..., T], *args: Any) -> T:
@@ -51,14 +52,8 @@ def in_child(fn: Callable[..., T], *args: Any) -> T:
     return result
 
 
-def accept_one(
-    conn: psycopg.Connection[Any], tenant_id: uuid.UUID, text: str, priority: str = "batch"
-) -> uuid.UUID:
-    """One job as the edge accepts it far from any limit: the single ``accept_job`` statement.
-
-    The edge's HTTP and JSON work is left out; near a limit the edge also reads the admission snapshot
-    first, which is not the steady state.
-    """
+def accept_params(tenant_id: uuid.UUID, text: str, priority: str = "batch") -> dict[str, Any]:
+    """``accept_job``'s parameters for one new job, as the edge makes them far from any limit."""
     key = f"bench-{uuid.uuid4()}"
     data = text.encode()
     digest = hashlib.sha256(data).hexdigest()
@@ -70,18 +65,46 @@ def accept_one(
         options={},
     )
     plan = plan_job(ACCEPT, tenant_id, key, request, len(data), digest)
-    job_id = new_id()
-    row = conn.execute(ACCEPT_Q["accept_job"], write_params(ACCEPT, tenant_id, key, request, plan, job_id))
+    return write_params(ACCEPT, tenant_id, key, request, plan, new_id())
+
+
+def accept_one(
+    conn: psycopg.Connection[Any], tenant_id: uuid.UUID, text: str, priority: str = "batch"
+) -> uuid.UUID:
+    """One job as the edge accepts it far from any limit: the single ``accept_job`` statement.
+
+    The edge's HTTP and JSON work is left out; near a limit the edge also reads the admission snapshot
+    first, which is not the steady state.
+    """
+    params = accept_params(tenant_id, text, priority)
+    row = conn.execute(ACCEPT_Q["accept_job"], params)
     if row.fetchone() is None:
         raise SystemExit("the accept statement wrote nothing")
+    job_id: uuid.UUID = params["job_id"]
     return job_id
 
 
+def accept_group(conn: psycopg.Connection[Any], tenant_id: uuid.UUID, text: str, size: int) -> None:
+    """``size`` jobs as the edge's writers commit them under load (services/acceptance/group_write.py):
+    ``accept_job`` once per job, pipelined, in one transaction."""
+    cursor = conn.cursor()
+    with conn.transaction():
+        cursor.executemany(
+            ACCEPT_Q["accept_job"], [accept_params(tenant_id, text) for _ in range(size)], returning=True
+        )
+        written = int(cursor.fetchone() is not None)
+        while cursor.nextset():
+            written += cursor.fetchone() is not None
+    if written != size:
+        raise SystemExit("the accept statements wrote fewer jobs than they were given")
+
+
 def accept_sql(
-    database_url: str, tenant_id: uuid.UUID, connections: int, seconds: float
+    database_url: str, tenant_id: uuid.UUID, connections: int, seconds: float, group: int = 1
 ) -> tuple[Calls, dict[str, float]]:
-    """Closed loop: each connection runs ``accept_one`` back to back for ``seconds``; the calls and the
-    CPU seconds of this process (``client``), PostgreSQL and the rest of the machine meanwhile."""
+    """Closed loop: each connection runs ``accept_one`` (or, with ``group`` > 1, ``accept_group``)
+    back to back for ``seconds``; the calls and the CPU seconds of this process (``client``),
+    PostgreSQL and the rest of the machine meanwhile."""
     text = load_samples()[0].text
     database = str(conninfo_to_dict(database_url).get("dbname"))
     split: dict[str, float] = {}
@@ -98,19 +121,26 @@ def accept_sql(
         )
 
     def one(conn: psycopg.Connection[dict[str, Any]]) -> None:
-        accept_one(conn, tenant_id, text)
+        if group == 1:
+            accept_one(conn, tenant_id, text)
+        else:
+            accept_group(conn, tenant_id, text, group)
 
     return closed_loop(connections, connect, one, seconds=seconds, window=measured), split
 
 
-def sql_ceiling(database_url: str, tenant_id: uuid.UUID, connections: int, seconds: float) -> SqlCeiling:
-    """``accept_sql`` in a process of its own: jobs/s, latency and CPU per job."""
-    calls, split = in_child(accept_sql, database_url, tenant_id, connections, seconds)
-    latencies, jobs = calls.latencies(), max(1, len(calls.starts))
+def sql_ceiling(
+    database_url: str, tenant_id: uuid.UUID, connections: int, seconds: float, group: int = 1
+) -> SqlCeiling:
+    """``accept_sql`` in a process of its own: jobs/s, latency (per statement, or per group of
+    ``group`` jobs) and CPU per job."""
+    calls, split = in_child(accept_sql, database_url, tenant_id, connections, seconds, group)
+    latencies, jobs = calls.latencies(), max(1, group * len(calls.starts))
     return SqlCeiling(
         connections,
-        len(calls.starts) / calls.seconds,
+        jobs / calls.seconds,
         1000 * percentile(latencies, 0.50),
         1000 * percentile(latencies, 0.99),
         {k: 1000 * v / jobs for k, v in split.items()},
+        group,
     )
