@@ -130,7 +130,7 @@ def sync_pool(
         kwargs=session_kwargs(name, role, autocommit=autocommit, db_role=_db_role(settings, db_role)),
         name=name,
         open=False,
-        timeout=10.0,
+        timeout=settings.db_pool_timeout_seconds,
         # Keep trying to reconnect through a long outage instead of giving up after 5 minutes.
         reconnect_timeout=3600.0,
     )
@@ -155,7 +155,7 @@ def async_pool(
         kwargs=session_kwargs(name, role, autocommit=autocommit, db_role=_db_role(settings, db_role)),
         name=name,
         open=False,
-        timeout=10.0,
+        timeout=settings.db_pool_timeout_seconds,
         reconnect_timeout=3600.0,
     )
 

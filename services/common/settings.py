@@ -95,6 +95,9 @@ class CommonSettings:
     queue_prefix: str = "fatura"
     db_pool_min: int = 1
     db_pool_max: int = 10
+    # How long a caller waits for a connection from a full or reconnecting pool before it fails as
+    # database-unavailable (a 503 at the edge, UNAVAILABLE in gRPC, a redelivery for a consumer).
+    db_pool_timeout_seconds: float = 10.0
     faults: frozenset[str] = field(default_factory=frozenset)
     log_level: str = "INFO"
     # json, text, or auto (text on a terminal, JSON lines otherwise): services/common/logs.py.
@@ -139,6 +142,9 @@ class CommonSettings:
             queue_prefix=prefix,
             db_pool_min=pool_min,
             db_pool_max=env_int(env, "FATURA_DB_POOL_MAX", cls.db_pool_max, lo=max(1, pool_min), hi=200),
+            db_pool_timeout_seconds=env_float(
+                env, "FATURA_DB_POOL_TIMEOUT_SECONDS", cls.db_pool_timeout_seconds, lo=0.1, hi=600.0
+            ),
             faults=env_set(env, "FATURA_FAULTS"),
             log_level=level,
             log_format=log_format,

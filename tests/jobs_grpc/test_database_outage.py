@@ -28,6 +28,7 @@ from services.common.protos.fatura.jobs.v1 import jobs_pb2_grpc as pb_grpc
 pytestmark = pytest.mark.chaos
 
 CUT_SECONDS = 6.0
+POOL_WAIT_SECONDS = 1.0
 
 
 def _via(url: str, port: int) -> str:
@@ -69,10 +70,14 @@ def _eventually(check: Callable[[], bool], what: str, timeout: float) -> float:
 def test_calls_answer_unavailable_while_the_database_is_away_and_work_again_after(
     spawn: SpawnFn, database_url: str, proxy: FaultProxy, tenant: TenantHandle
 ) -> None:
+    # A call during the cut fails either on a pooled connection the cut broke or, when the pool has
+    # none left (the Watch stream's feed may have taken and lost the last one), after waiting this
+    # long for a new one: well inside the cut, so it cannot outwait it and succeed after it.
     server: JobsGrpc = start_jobs_grpc(
         spawn,
         FATURA_DATABASE_URL=_via(database_url, proxy.port),
         FATURA_EVENT_POLL_SECONDS="0.05",
+        FATURA_DB_POOL_TIMEOUT_SECONDS=str(POOL_WAIT_SECONDS),
     )
     ready_url = f"http://127.0.0.1:{server.metrics_port}/readyz"
     with grpc.insecure_channel(server.address) as channel:
