@@ -2,7 +2,7 @@
 that queue while a write is under way share the next transaction, each answered only once its job
 is committed; a write the database refuses fails alone; two requests with one key in one group make
 one job; a connection lost mid-group fails the whole group, and the clients' retries with the same
-keys make each job exactly once."""
+keys make each job exactly once; a real edge reports its groups on /metrics."""
 
 from __future__ import annotations
 
@@ -10,12 +10,16 @@ import asyncio
 import hashlib
 import uuid
 from collections.abc import Awaitable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
-from fix_db import SyncPool
+from fix_api import job_body
+from fix_db import MakeTenant, SyncPool
+from fix_processes import SpawnFn, start_edge
 from services.acceptance.accept import Accepted, Acceptor
 from services.acceptance.requests import CreateJob, DocumentBody
 from services.acceptance.settings import AcceptanceSettings
@@ -214,3 +218,33 @@ async def _waiting_backend(admin: psycopg.AsyncConnection[Any]) -> int:
             return int(row[0])
         await asyncio.sleep(0.01)
     raise AssertionError("the group's session never waited on the lock")
+
+
+def test_the_edge_reports_its_write_groups_on_metrics(spawn: SpawnFn, make_tenant: MakeTenant) -> None:
+    # Given an edge with one writer per process, and 40 submissions at once
+    edge = start_edge(spawn, workers=1, FATURA_ACCEPT_WRITERS="1")
+    try:
+        tenant = make_tenant()
+        with httpx.Client(base_url=edge.base_url or "", timeout=30) as client:
+
+            def post(n: int) -> int:
+                headers = {**tenant.headers, "Idempotency-Key": f"m-{n}-{uuid.uuid4()}"}
+                return client.post("/v1/extraction-jobs", json=job_body(), headers=headers).status_code
+
+            with ThreadPoolExecutor(max_workers=40) as threads:
+                assert list(threads.map(post, range(40))) == [202] * 40
+            page = httpx.get(
+                f"http://127.0.0.1:{edge.env['FATURA_HTTP_METRICS_PORT']}/metrics", timeout=10
+            ).text
+    finally:
+        edge.stop()
+    # Then /metrics counts the 40 writes in the accept group's histogram, in fewer transactions
+    values = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in page.splitlines()
+        if line.startswith("fatura_group_commit_writes_")
+        and 'group="accept"' in line
+        and "_bucket" not in line
+    }
+    assert values["fatura_group_commit_writes_sum"] == 40
+    assert 1 <= values["fatura_group_commit_writes_count"] < 40
