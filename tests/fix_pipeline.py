@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.resources import delete_keys
 from fix_amqp import delete_queues
 from fix_db import TenantHandle, drop_database, recreate_database
 from fix_processes import ServiceProcess, SpawnFn, start_edge
@@ -235,6 +236,8 @@ def pipeline_factory(
         pool.close()
         drop_database(url)
         delete_queues(pipeline.env["FATURA_QUEUE_PREFIX"])
+        # The limiter's permits and budgets and the provider breaker's state of this pipeline.
+        delete_keys(CommonSettings.from_env().redis_url, f"fatura:test:{pipeline.env['FATURA_QUEUE_PREFIX']}")
 
 
 def sample_text(name: str) -> str:
