@@ -1,9 +1,10 @@
 """Group commit for the fast path's ``accept_job`` writes (DESIGN §5.1): requests that arrive while
-this process's writers are busy share one transaction, sent in one pipelined round trip.
+this process's writers are busy share one transaction, their statements sent together in a pipeline.
 
 Each write is still the whole ``accept_job`` statement with its own idempotency check; only the
-COMMIT (its WAL flush, its transaction id) and the round trip are shared. A request is answered
-only after the transaction holding its write has committed, so a ``202`` is as durable as before.
+transaction (its COMMIT, WAL flush and transaction id) and the round trips are shared. A request is
+answered only after the transaction holding its write has committed, so a ``202`` is as durable as
+before.
 
 Nothing waits to fill a group: a write starts at once while fewer than ``writers`` transactions are
 under way in this process, alone. Only the writes that arrive while all of them are busy queue up,
