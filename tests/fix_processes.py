@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +23,29 @@ class ServiceProcess(ChildProcess):
 
     env: dict[str, str] = field(default_factory=dict)
     base_url: str | None = None
+
+    def finish(self, deadline: float) -> int:
+        """As ``ChildProcess.finish``; but a child still running at ``deadline`` first has its threads'
+        stacks written to its log (``py-spy dump``), so a test that finds it killed shows where it hung."""
+        try:
+            return self._reap(self.process.wait(timeout=max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            self._dump_stacks()
+            return super().finish(time.monotonic())
+
+    def _dump_stacks(self) -> None:
+        if self.log_path is None:
+            return
+        spy = Path(sys.executable).parent / "py-spy"
+        try:
+            dumped = subprocess.run(
+                [str(spy), "dump", "--pid", str(self.process.pid)], capture_output=True, text=True, timeout=20
+            )
+            text = dumped.stdout + dumped.stderr
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            text = f"py-spy dump failed: {exc}\n"
+        with self.log_path.open("a", encoding="utf-8") as log:
+            log.write(f"\n--- {self.name} did not stop in time; its stacks (py-spy dump):\n{text}")
 
 
 @pytest.fixture(scope="session")

@@ -86,7 +86,7 @@ def test_job_events_are_exported_keyed_by_job_in_order_and_a_restart_resumes_fro
     first = [accept_and_cancel(pool, tenant.id, f"e{i}") for i in range(4)]
     exporter = spawn("kafka-export", **export_env(broker, topic, name))
     wait_for(lambda: cursor(pool, name) >= newest_event(pool), "caught up", log=exporter.log_tail)
-    assert exporter.stop() == 0
+    assert exporter.stop() == 0, exporter.log_tail(80)
     second = [accept_and_cancel(pool, tenant.id, f"f{i}") for i in range(4)]
     exporter = spawn("kafka-export", **export_env(broker, topic, name))
     wait_for(lambda: cursor(pool, name) >= newest_event(pool), "caught up again", log=exporter.log_tail)
