@@ -30,7 +30,10 @@ def local_ports(pid: int) -> set[int]:
     """The local ports of process ``pid``'s TCP sockets (its own socket inodes in /proc/net/tcp)."""
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
-        target = os.readlink(fd) if fd.is_symlink() else ""
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed while listed (the burst's client connections are still closing)
+            continue
         if target.startswith("socket:["):
             inodes.add(target[len("socket:[") : -1])
     ports = set()
