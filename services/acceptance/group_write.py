@@ -12,12 +12,12 @@ and the next free writer takes up to ``max_group`` of them together. Under light
 goes alone, as before; under heavy load the groups grow and each job costs PostgreSQL and the edge
 less (a commit and a round trip shared by several jobs).
 
-If a group's transaction fails on a statement while its connection stays usable (a deadlock between
-two groups with the same keys in another order, a bad value), the transaction has rolled back and
-each write of the group is run again alone, so one request's failure is never another's. If the
-connection itself failed, whether the COMMIT landed is unknown: every write of the group gets the
-error (a 503 at the edge), and its client's retry with the same Idempotency-Key finds the job or
-writes it.
+Failures are classed as the consumers' group commit classes them (services/common/groupcommit.py,
+``failures.is_transient``). A transient one (the connection lost, whether the COMMIT landed is then
+unknown; a deadlock; a timeout) fails every write of the group: a 503 at the edge, and its client's
+retry with the same Idempotency-Key finds the job or writes it. Any other may be one write's own (a
+bad value): the transaction has rolled back, and each write of the group is run again alone, so one
+request's failure is never another's.
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ import contextvars
 from collections import deque
 from typing import Any
 
-import psycopg
-from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from services.acceptance.queries import Q
 from services.common.db import statement_cursor
+from services.common.failures import is_transient
 from services.common.groupcommit import GROUP_WRITES
 
 JSON = dict[str, Any]
@@ -89,7 +88,7 @@ class GroupWriter:
                 try:
                     rows = await self._commit([params for params, _ in group])
                 except Exception as exc:
-                    if len(group) > 1 and _rolled_back(exc):
+                    if len(group) > 1 and not is_transient(exc):
                         await self._one_by_one(group)
                     else:
                         _fail(group, exc)
@@ -121,14 +120,9 @@ class GroupWriter:
                 row = await (await cursor.execute(Q["accept_job"], group[0])).fetchone()
                 self._sizes.observe(1)
                 return [row]
-            try:
-                async with conn.transaction():
-                    await cursor.executemany(Q["accept_job"], group, returning=True)
-                    rows = await _results(cursor)
-            except psycopg.Error as exc:
-                exc.add_note(f"in a group of {len(group)} writes")
-                _mark(exc, conn)
-                raise
+            async with conn.transaction():
+                await cursor.executemany(Q["accept_job"], group, returning=True)
+                rows = await _results(cursor)
         self._sizes.observe(len(group))
         return rows
 
@@ -139,19 +133,6 @@ async def _results(cursor: Any) -> list[JSON | None]:
     while cursor.nextset():
         rows.append(await cursor.fetchone())
     return rows
-
-
-_ROLLED_BACK = "_fatura_group_rolled_back"
-
-
-def _mark(exc: psycopg.Error, conn: AsyncConnection[Any]) -> None:
-    """Remember on ``exc`` whether its transaction surely rolled back: the server refused a statement
-    and the connection still works (else the COMMIT may have landed)."""
-    setattr(exc, _ROLLED_BACK, exc.sqlstate is not None and not conn.broken and not conn.closed)
-
-
-def _rolled_back(exc: BaseException) -> bool:
-    return bool(getattr(exc, _ROLLED_BACK, False))
 
 
 def _fail(group: list[tuple[JSON, asyncio.Future[JSON | None]]], exc: BaseException) -> None:
