@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,16 +23,9 @@ class ServiceProcess(ChildProcess):
     env: dict[str, str] = field(default_factory=dict)
     base_url: str | None = None
 
-    def finish(self, deadline: float) -> int:
-        """As ``ChildProcess.finish``; but a child still running at ``deadline`` first has its threads'
-        stacks written to its log (``py-spy dump``), so a test that finds it killed shows where it hung."""
-        try:
-            return self._reap(self.process.wait(timeout=max(0.1, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            self._dump_stacks()
-            return super().finish(time.monotonic())
-
-    def _dump_stacks(self) -> None:
+    def overdue(self) -> None:
+        """Write the child's threads' stacks to its log (``py-spy dump``) before it is killed, so a
+        test that finds it killed shows where it hung."""
         if self.log_path is None:
             return
         spy = Path(sys.executable).parent / "py-spy"

@@ -206,8 +206,12 @@ class ChildProcess:
         try:
             return self._reap(self.process.wait(timeout=max(0.1, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
+            self.overdue()
             self.signal_group(signal.SIGKILL)
             return self._reap(self.process.wait())
+
+    def overdue(self) -> None:
+        """Called when the child is still running at ``finish``'s deadline, before the SIGKILL."""
 
     def _reap(self, code: int) -> int:
         self.signal_group(signal.SIGKILL)
