@@ -115,6 +115,18 @@ def unpublished_tenant_id(pool: SyncPool, make_tenant: MakeTenant) -> Iterator[u
         )
 
 
+def tenant_jobs(pool: SyncPool, tenant_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The tenant's jobs: idempotency key, id, the transaction that wrote the row (``xid``) and how
+    many outbox events it has."""
+    with pool.connection() as conn:
+        return conn.execute(
+            """SELECT j.idempotency_key, j.id, j.xmin::text AS xid,
+                      (SELECT count(*) FROM outbox_events o WHERE o.job_id = j.id) AS outbox
+               FROM extraction_jobs j WHERE j.tenant_id = %s""",
+            (tenant_id,),
+        ).fetchall()
+
+
 def count_rows(pool: SyncPool, tenant_id: uuid.UUID) -> dict[str, int]:
     """How many rows a tenant has in each table a request may write."""
     with pool.connection() as conn:

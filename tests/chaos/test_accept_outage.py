@@ -16,7 +16,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from fix_api import job_body
-from fix_db import MakeTenant, SyncPool
+from fix_db import MakeTenant, SyncPool, tenant_jobs
+from fix_pipeline import wait_until
 from fix_processes import ServiceProcess, SpawnFn, start_edge
 from services.chaos.proxy import FaultProxy
 
@@ -80,13 +81,13 @@ def test_a_cut_under_concurrent_submissions_answers_503_and_the_retries_make_eac
         t.start()
     try:
         # Given submissions under way on every client
-        _until(lambda: statuses[202] >= 200)
+        wait_until(lambda: statuses[202] >= 200, 60, "200 jobs accepted")
         # When the edge's path to PostgreSQL is cut
         proxy.cut(CUT_SECONDS)
-        _until(lambda: not proxy.cutting)
+        wait_until(lambda: not proxy.cutting, 60, "the cut over")
         # (and the clients go on until the edge has taken 200 more after it)
         after = statuses[202]
-        _until(lambda: statuses[202] >= after + 200)
+        wait_until(lambda: statuses[202] >= after + 200, 60, "200 more jobs accepted")
     finally:
         stop.set()
         for t in threads:
@@ -97,23 +98,9 @@ def test_a_cut_under_concurrent_submissions_answers_503_and_the_retries_make_eac
     assert statuses[503] > 0, statuses
     assert set(statuses) == {202, 503}, statuses
     # And every key has exactly one job, with one outbox event, the one its 202s named
-    with pool.connection() as conn:
-        rows = conn.execute(
-            """SELECT j.idempotency_key, j.id::text AS id,
-                      (SELECT count(*) FROM outbox_events o WHERE o.job_id = j.id) AS outbox
-               FROM extraction_jobs j WHERE j.tenant_id = %s""",
-            (tenant.id,),
-        ).fetchall()
+    rows = tenant_jobs(pool, tenant.id)
     stored = {r["idempotency_key"]: r for r in rows}
     assert len(stored) == len(rows)  # one job per key
     assert sorted(stored) == sorted(answered)
-    assert all(answered[k] == {stored[k]["id"]} for k in stored)
+    assert all(answered[k] == {str(stored[k]["id"])} for k in stored)
     assert all(r["outbox"] == 1 for r in rows)
-
-
-def _until(condition: object, timeout: float = 60.0) -> None:
-    assert callable(condition)
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.05)

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from fix_api import job_body
-from fix_db import MakeTenant, SyncPool
+from fix_db import MakeTenant, SyncPool, tenant_jobs
 from fix_processes import SpawnFn, start_edge
 from services.acceptance.accept import Accepted, Acceptor
 from services.acceptance.requests import CreateJob, DocumentBody
@@ -68,14 +68,7 @@ def _run(url: str, scenario: Any, *, group_max: int = 32) -> Any:
 
 def _jobs(pool: SyncPool, tenant: Tenant) -> dict[str, dict[str, Any]]:
     """The tenant's jobs by idempotency key: id, the transaction that wrote it, its outbox events."""
-    with pool.connection() as conn:
-        rows = conn.execute(
-            """SELECT j.idempotency_key, j.id, j.xmin::text AS xid,
-                      (SELECT count(*) FROM outbox_events o WHERE o.job_id = j.id) AS outbox
-               FROM extraction_jobs j WHERE j.tenant_id = %s""",
-            (tenant.id,),
-        ).fetchall()
-    return {r["idempotency_key"]: r for r in rows}
+    return {r["idempotency_key"]: r for r in tenant_jobs(pool, tenant.id)}
 
 
 async def _visible(url: str, job_ids: list[str]) -> int:
