@@ -3,7 +3,8 @@
 ``in_child`` runs a ceiling in a fresh process, so it shares neither the GIL nor a CPU account with
 the bench. The edge's accept statement alone is ``fatura bench accept``'s ceiling (``sql_ceiling``);
 ``accept_one``, one job exactly as the edge writes it far from any limit, is also how the inference
-benches write their backlogs, faster than HTTP.
+benches write their backlogs, faster than HTTP; the pipeline bench writes its burst with
+``accept_many``, in groups, as the edge's writers commit a burst.
 """
 
 from __future__ import annotations
@@ -87,16 +88,24 @@ def accept_one(
 def accept_group(conn: psycopg.Connection[Any], tenant_id: uuid.UUID, text: str, size: int) -> None:
     """``size`` jobs as the edge's writers commit them under load (services/acceptance/group_write.py):
     ``accept_job`` once per job, pipelined, in one transaction."""
+    accept_many(conn, tenant_id, [text] * size)
+
+
+def accept_many(
+    conn: psycopg.Connection[Any], tenant_id: uuid.UUID, texts: list[str], priority: str = "batch"
+) -> list[uuid.UUID]:
+    """One job per text in one transaction, ``accept_job`` once per job, pipelined: a group as the
+    edge's writers commit it under load (services/acceptance/group_write.py). The new jobs' ids."""
+    params = [accept_params(tenant_id, text, priority) for text in texts]
     cursor = conn.cursor()
     with conn.transaction():
-        cursor.executemany(
-            ACCEPT_Q["accept_job"], [accept_params(tenant_id, text) for _ in range(size)], returning=True
-        )
+        cursor.executemany(ACCEPT_Q["accept_job"], params, returning=True)
         written = int(cursor.fetchone() is not None)
         while cursor.nextset():
             written += cursor.fetchone() is not None
-    if written != size:
+    if written != len(params):
         raise SystemExit("the accept statements wrote fewer jobs than they were given")
+    return [p["job_id"] for p in params]
 
 
 def accept_sql(

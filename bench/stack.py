@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import dict_row
 
 from bench import cpu
-from bench.ceiling import accept_one
+from bench.ceiling import accept_many, accept_one
 from bench.procs import Proc, start
 from bench.report import OUT_DIR
 from bench.resources import add_database_argument, bench_database, delete_keys, delete_queues
@@ -258,15 +258,28 @@ class Stack:
         return tenant_id, key
 
     def accept_jobs(
-        self, tenant_id: uuid.UUID, count: int, *, priority: str = "batch", connections: int = 4
+        self,
+        tenant_id: uuid.UUID,
+        count: int,
+        *,
+        priority: str = "batch",
+        connections: int = 4,
+        group: int = 1,
     ) -> list[uuid.UUID]:
-        """Accept ``count`` jobs with sample invoices that validate (they end SUCCEEDED)."""
+        """Accept ``count`` jobs with sample invoices that validate (they end SUCCEEDED): one
+        transaction per job, or with ``group`` > 1 up to that many per transaction, as the edge's
+        writers commit a burst."""
         texts = [s.text for s in load_samples() if s.expect == "SUCCEEDED"]
         chunks = [range(i, count, connections) for i in range(connections)]
 
         def write(indices: range) -> list[uuid.UUID]:
             made = []
             with psycopg.connect(self.database_url, row_factory=dict_row, autocommit=True) as conn:
+                if group > 1:
+                    for start in range(0, len(indices), group):
+                        part = [texts[i % len(texts)] for i in indices[start : start + group]]
+                        made.extend(accept_many(conn, tenant_id, part, priority))
+                    return made
                 for i in indices:
                     made.append(accept_one(conn, tenant_id, texts[i % len(texts)], priority))
             return made
