@@ -1,0 +1,92 @@
+"""The admission counters are written when a job's transaction commits (migration 0027), so a
+transaction that changed a job and is still open (a slot's completion waiting on the limiter for its
+next claim) holds up no other acceptance or completion counted on the same shard."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from fix_db import MakeTenant
+from services.acceptance.accept import plan_job, write_params
+from services.acceptance.queries import Q
+from services.acceptance.requests import DocumentBody, RequestParser
+from services.acceptance.settings import AcceptanceSettings
+
+SHARDS = 16  # fatura_count_pending's shard: the backend's pid modulo 16
+
+
+def accept(conn: psycopg.Connection[dict[str, object]], tenant_id: uuid.UUID) -> uuid.UUID:
+    """One job through the acceptance statement, on ``conn`` (autocommit: its own transaction)."""
+    settings = AcceptanceSettings()
+    key = f"counted-{uuid.uuid4()}"
+    job = RequestParser(settings).create_job({"document": {"text": f"Invoice {key}\nTotal: 1.00 EUR"}})
+    assert isinstance(job.document, DocumentBody)
+    plan = plan_job(settings, tenant_id, key, job, job.document.size_bytes, job.document.sha256)
+    job_id = uuid.uuid4()
+    assert conn.execute(Q["accept_job"], write_params(settings, tenant_id, key, job, plan, job_id)).fetchone()
+    return job_id
+
+
+@pytest.fixture
+def same_shard(database_url: str) -> Iterator[tuple[psycopg.Connection[dict[str, object]], ...]]:
+    """Two autocommit connections whose backends count on the same shard (of 17, two must)."""
+    with ExitStack() as stack:
+        by_shard: dict[int, psycopg.Connection[dict[str, object]]] = {}
+        for _ in range(SHARDS + 1):
+            conn = stack.enter_context(psycopg.connect(database_url, row_factory=dict_row, autocommit=True))
+            shard = conn.info.backend_pid % SHARDS
+            if shard in by_shard:
+                yield by_shard[shard], conn
+                return
+            by_shard[shard] = conn
+        raise AssertionError("17 backends on 16 shards: two must share one")
+
+
+def pending(conn: psycopg.Connection[dict[str, object]], tenant_id: uuid.UUID) -> int:
+    row = conn.execute(
+        "SELECT coalesce(sum(pending_jobs), 0) AS n FROM admission_counters WHERE scope = %s", (tenant_id,)
+    ).fetchone()
+    assert row is not None
+    return int(str(row["n"]))
+
+
+def test_an_open_state_change_holds_up_no_acceptance_on_its_shard_and_counts_at_commit(
+    same_shard: tuple[psycopg.Connection[dict[str, object]], ...], make_tenant: MakeTenant
+) -> None:
+    """Given two backends on one counter shard and a tenant with an accepted job
+    When the first cancels the job in a transaction it keeps open, and the second accepts a job
+    of the same tenant (waiting at most 2 s for any lock)
+    Then the acceptance goes through at once, the cancellation is not counted until its commit,
+    and after the commit the counters hold exactly the one pending job."""
+    first, second = same_shard
+    tenant = make_tenant()
+    cancelled = accept(first, tenant.id)
+    assert pending(second, tenant.id) == 1
+    second.execute("SET lock_timeout = '2s'")
+    with first.transaction():
+        first.execute(
+            "UPDATE extraction_jobs SET state = 'CANCELLED', state_version = state_version + 1, "
+            "finished_at = now() WHERE id = %s",
+            (cancelled,),
+        )
+        accept(second, tenant.id)  # before 0027: LockNotAvailable after 2 s (the shard rows held)
+        assert pending(second, tenant.id) == 2, "the open cancellation is not counted yet"
+    assert pending(second, tenant.id) == 1
+
+
+def test_a_state_change_rolled_back_counts_nothing(
+    same_shard: tuple[psycopg.Connection[dict[str, object]], ...], make_tenant: MakeTenant
+) -> None:
+    first, second = same_shard
+    tenant = make_tenant()
+    job = accept(first, tenant.id)
+    with pytest.raises(RuntimeError), first.transaction():
+        first.execute("UPDATE extraction_jobs SET state = 'CANCELLED' WHERE id = %s", (job,))
+        raise RuntimeError("rolled back")
+    assert pending(second, tenant.id) == 1
