@@ -1,6 +1,7 @@
-"""The admission counters are written when a job's transaction commits (migration 0027), so a
-transaction that changed a job and is still open (a slot's completion waiting on the limiter for its
-next claim) holds up no other acceptance or completion counted on the same shard."""
+"""The admission counters (migration 0027) and a batch's item counts (0028) are written when a
+job's transaction commits, so a transaction that changed a job and is still open (a slot's completion
+waiting on the limiter for its next claim) holds up no other acceptance or completion counted on the
+same shard."""
 
 from __future__ import annotations
 
@@ -21,15 +22,22 @@ from services.acceptance.settings import AcceptanceSettings
 SHARDS = 16  # fatura_count_pending's shard: the backend's pid modulo 16
 
 
-def accept(conn: psycopg.Connection[dict[str, object]], tenant_id: uuid.UUID) -> uuid.UUID:
-    """One job through the acceptance statement, on ``conn`` (autocommit: its own transaction)."""
+def accept(
+    conn: psycopg.Connection[dict[str, object]],
+    tenant_id: uuid.UUID,
+    batch: tuple[uuid.UUID, int] | None = None,
+) -> uuid.UUID:
+    """One job through the acceptance statement, on ``conn`` (autocommit: its own transaction);
+    with ``batch``, as that batch's item of that index."""
     settings = AcceptanceSettings()
     key = f"counted-{uuid.uuid4()}"
     job = RequestParser(settings).create_job({"document": {"text": f"Invoice {key}\nTotal: 1.00 EUR"}})
     assert isinstance(job.document, DocumentBody)
     plan = plan_job(settings, tenant_id, key, job, job.document.size_bytes, job.document.sha256)
     job_id = uuid.uuid4()
-    assert conn.execute(Q["accept_job"], write_params(settings, tenant_id, key, job, plan, job_id)).fetchone()
+    batch_id, index = batch if batch else (None, None)
+    params = write_params(settings, tenant_id, key, job, plan, job_id, batch_id=batch_id, batch_index=index)
+    assert conn.execute(Q["accept_job"], params).fetchone()
     return job_id
 
 
@@ -90,3 +98,44 @@ def test_a_state_change_rolled_back_counts_nothing(
         first.execute("UPDATE extraction_jobs SET state = 'CANCELLED' WHERE id = %s", (job,))
         raise RuntimeError("rolled back")
     assert pending(second, tenant.id) == 1
+
+
+def test_open_item_changes_hold_up_no_other_item_of_the_batch_and_the_last_commit_closes_it(
+    same_shard: tuple[psycopg.Connection[dict[str, object]], ...], make_tenant: MakeTenant
+) -> None:
+    """Given a running batch of two items and two backends on one counter shard
+    When the first cancels item 0 in a transaction it keeps open, and the second cancels item 1
+    (waiting at most 2 s for any lock), then the first commits
+    Then the second's change goes through at once without closing the batch (item 0 is not final
+    for it yet), and the first's commit counts item 0 and closes the batch with one event."""
+    first, second = same_shard
+    tenant = make_tenant()
+    batch_id = uuid.uuid4()
+    first.execute(
+        "INSERT INTO extraction_batches (id, tenant_id, idempotency_key, request_hash, total, accepted, "
+        "priority, state) VALUES (%s, %s, %s, 'h', 2, 2, 'batch', 'running')",
+        (batch_id, tenant.id, f"batch-{batch_id}"),
+    )
+    items = [accept(first, tenant.id, (batch_id, i)) for i in range(2)]
+    cancel = "UPDATE extraction_jobs SET state = 'CANCELLED', state_version = state_version + 1 WHERE id = %s"
+    second.execute("SET lock_timeout = '2s'")
+    with first.transaction():
+        first.execute(cancel, (items[0],))
+        second.execute(cancel, (items[1],))  # before 0028: LockNotAvailable after 2 s
+        assert batch_state(second, batch_id) == ("running", 0)
+    assert batch_state(second, batch_id) == ("completed_with_errors", 1)
+    row = second.execute(
+        "SELECT coalesce(sum(cancelled), 0) AS n FROM batch_counters WHERE batch_id = %s", (batch_id,)
+    ).fetchone()
+    assert row is not None and row["n"] == 2
+
+
+def batch_state(conn: psycopg.Connection[dict[str, object]], batch_id: uuid.UUID) -> tuple[str, int]:
+    """The batch's state, and how many batch.completed.v1 events name it."""
+    row = conn.execute(
+        "SELECT b.state, (SELECT count(*) FROM outbox_events o WHERE o.event_type = 'batch.completed.v1' "
+        "AND o.payload->>'batch_id' = b.id::text) AS events FROM extraction_batches b WHERE b.id = %s",
+        (batch_id,),
+    ).fetchone()
+    assert row is not None
+    return str(row["state"]), int(str(row["events"]))
