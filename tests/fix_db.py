@@ -13,6 +13,10 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from services.acceptance.accept import plan_job, write_params
+from services.acceptance.queries import Q as ACCEPT_Q
+from services.acceptance.requests import DocumentBody, RequestParser
+from services.acceptance.settings import AcceptanceSettings
 from services.acceptance.tenants import TenantSpec, create_tenant
 from services.common.db import SyncPool, sync_pool
 from services.common.migrate import migrate
@@ -113,6 +117,27 @@ def unpublished_tenant_id(pool: SyncPool, make_tenant: MakeTenant) -> Iterator[u
                  AND job_id IN (SELECT id FROM extraction_jobs WHERE tenant_id = %s)""",
             (made,),
         )
+
+
+def accept_by_statement(
+    conn: psycopg.Connection[Any],
+    tenant_id: uuid.UUID,
+    key: str,
+    *,
+    batch: tuple[uuid.UUID, int] | None = None,
+) -> uuid.UUID:
+    """A job with a small inline invoice written by the acceptance statement alone, on ``conn``
+    (in its transaction, or its own when autocommit); with ``batch``, as that batch's item of that
+    index. The new job's id."""
+    settings = AcceptanceSettings()
+    job = RequestParser(settings).create_job({"document": {"text": f"Invoice {key}\nTotal: 1.00 EUR"}})
+    assert isinstance(job.document, DocumentBody)
+    plan = plan_job(settings, tenant_id, key, job, job.document.size_bytes, job.document.sha256)
+    job_id = uuid.uuid4()
+    batch_id, index = batch if batch else (None, None)
+    params = write_params(settings, tenant_id, key, job, plan, job_id, batch_id=batch_id, batch_index=index)
+    assert conn.execute(ACCEPT_Q["accept_job"], params).fetchone()
+    return job_id
 
 
 def tenant_jobs(pool: SyncPool, tenant_id: uuid.UUID) -> list[dict[str, Any]]:

@@ -13,32 +13,9 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from fix_db import MakeTenant
-from services.acceptance.accept import plan_job, write_params
-from services.acceptance.queries import Q
-from services.acceptance.requests import DocumentBody, RequestParser
-from services.acceptance.settings import AcceptanceSettings
+from fix_db import MakeTenant, accept_by_statement
 
 SHARDS = 16  # fatura_count_pending's shard: the backend's pid modulo 16
-
-
-def accept(
-    conn: psycopg.Connection[dict[str, object]],
-    tenant_id: uuid.UUID,
-    batch: tuple[uuid.UUID, int] | None = None,
-) -> uuid.UUID:
-    """One job through the acceptance statement, on ``conn`` (autocommit: its own transaction);
-    with ``batch``, as that batch's item of that index."""
-    settings = AcceptanceSettings()
-    key = f"counted-{uuid.uuid4()}"
-    job = RequestParser(settings).create_job({"document": {"text": f"Invoice {key}\nTotal: 1.00 EUR"}})
-    assert isinstance(job.document, DocumentBody)
-    plan = plan_job(settings, tenant_id, key, job, job.document.size_bytes, job.document.sha256)
-    job_id = uuid.uuid4()
-    batch_id, index = batch if batch else (None, None)
-    params = write_params(settings, tenant_id, key, job, plan, job_id, batch_id=batch_id, batch_index=index)
-    assert conn.execute(Q["accept_job"], params).fetchone()
-    return job_id
 
 
 @pytest.fixture
@@ -74,7 +51,7 @@ def test_an_open_state_change_holds_up_no_acceptance_on_its_shard_and_counts_at_
     and after the commit the counters hold exactly the one pending job."""
     first, second = same_shard
     tenant = make_tenant()
-    cancelled = accept(first, tenant.id)
+    cancelled = accept_by_statement(first, tenant.id, "first")
     assert pending(second, tenant.id) == 1
     second.execute("SET lock_timeout = '2s'")
     with first.transaction():
@@ -83,7 +60,9 @@ def test_an_open_state_change_holds_up_no_acceptance_on_its_shard_and_counts_at_
             "finished_at = now() WHERE id = %s",
             (cancelled,),
         )
-        accept(second, tenant.id)  # before 0027: LockNotAvailable after 2 s (the shard rows held)
+        accept_by_statement(
+            second, tenant.id, "second"
+        )  # before 0027: LockNotAvailable after 2 s (the shard rows held)
         assert pending(second, tenant.id) == 2, "the open cancellation is not counted yet"
     assert pending(second, tenant.id) == 1
 
@@ -93,7 +72,7 @@ def test_a_state_change_rolled_back_counts_nothing(
 ) -> None:
     first, second = same_shard
     tenant = make_tenant()
-    job = accept(first, tenant.id)
+    job = accept_by_statement(first, tenant.id, "only")
     with pytest.raises(RuntimeError), first.transaction():
         first.execute("UPDATE extraction_jobs SET state = 'CANCELLED' WHERE id = %s", (job,))
         raise RuntimeError("rolled back")
@@ -116,7 +95,7 @@ def test_open_item_changes_hold_up_no_other_item_of_the_batch_and_the_last_commi
         "priority, state) VALUES (%s, %s, %s, 'h', 2, 2, 'batch', 'running')",
         (batch_id, tenant.id, f"batch-{batch_id}"),
     )
-    items = [accept(first, tenant.id, (batch_id, i)) for i in range(2)]
+    items = [accept_by_statement(first, tenant.id, f"item-{i}", batch=(batch_id, i)) for i in range(2)]
     cancel = "UPDATE extraction_jobs SET state = 'CANCELLED', state_version = state_version + 1 WHERE id = %s"
     second.execute("SET lock_timeout = '2s'")
     with first.transaction():

@@ -9,12 +9,8 @@ from collections import defaultdict
 
 from fix_kafka import Broker, wait_for
 
-from fix_db import MakeTenant, SyncPool
+from fix_db import MakeTenant, SyncPool, accept_by_statement
 from fix_processes import SpawnFn
-from services.acceptance.accept import plan_job, write_params
-from services.acceptance.queries import Q
-from services.acceptance.requests import DocumentBody, RequestParser
-from services.acceptance.settings import AcceptanceSettings
 from services.common import events, states
 from services.common.procs import free_port
 from services.common.uow import JobChange, unit_of_work
@@ -33,15 +29,8 @@ def export_env(broker: Broker, topic: str, name: str) -> dict[str, str]:
 
 def accept_and_cancel(pool: SyncPool, tenant_id: uuid.UUID, key: str) -> str:
     """A job through the acceptance statement, then cancelled: two job events."""
-    settings = AcceptanceSettings()
-    job = RequestParser(settings).create_job({"document": {"text": f"Invoice {key}\nTotal: 1.00 EUR"}})
-    assert isinstance(job.document, DocumentBody)
-    plan = plan_job(settings, tenant_id, key, job, job.document.size_bytes, job.document.sha256)
-    job_id = uuid.uuid4()
     with pool.connection() as conn:
-        assert conn.execute(
-            Q["accept_job"], write_params(settings, tenant_id, key, job, plan, job_id)
-        ).fetchone()
+        job_id = accept_by_statement(conn, tenant_id, key)
     with unit_of_work(pool) as uow:
         uow.execute(
             "UPDATE extraction_jobs SET state = 'CANCELLED', state_version = 2 WHERE id = %s", (job_id,)
