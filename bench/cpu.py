@@ -18,8 +18,11 @@ SERVERS = {"rabbitmq": "beam.smp", "redis": "redis-server"}
 @dataclass(frozen=True)
 class CpuSample:
     procs: dict[int, tuple[str, int, float]]  # pid -> (comm, or title of a postgres process; ppid; cpu s)
-    busy: float  # machine-wide busy CPU seconds
+    busy: float  # machine-wide busy CPU seconds (not counting steal)
     at: float
+    # Machine-wide CPU seconds the hypervisor gave to other guests while ours were ready to run: no
+    # process here used them, so they are not "other" work, and a bench shows them apart.
+    steal: float = 0.0
 
 
 def sample() -> CpuSample:
@@ -37,9 +40,23 @@ def sample() -> CpuSample:
         if name == "postgres":  # its title says which database a backend serves
             name = f"pg:{_title(entry.path)}"
         procs[int(entry.name)] = (name, int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK)
-    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    busy = (sum(ticks) - ticks[3] - ticks[4]) / _TICK  # all but idle and iowait
-    return CpuSample(procs, busy, time.monotonic())
+    busy, steal = busy_and_steal(Path("/proc/stat").read_text().split("\n", 1)[0])
+    return CpuSample(procs, busy, time.monotonic(), steal)
+
+
+def busy_and_steal(cpu_line: str) -> tuple[float, float]:
+    """Busy and stolen CPU seconds from the ``cpu`` line of ``/proc/stat``: user nice system idle
+    iowait irq softirq steal guest guest_nice, in ticks. Busy is all but idle, iowait and steal;
+    guest time is already counted in user and nice, so it is not added again."""
+    ticks = [int(x) for x in cpu_line.split()[1:]]
+    busy = sum(ticks[:3]) + sum(ticks[5:7])
+    steal = ticks[7] if len(ticks) > 7 else 0
+    return busy / _TICK, steal / _TICK
+
+
+def stolen(before: CpuSample, after: CpuSample) -> float:
+    """Seconds of steal between the samples, every CPU together."""
+    return max(0.0, after.steal - before.steal)
 
 
 def _title(proc_dir: str) -> str:

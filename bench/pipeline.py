@@ -96,6 +96,11 @@ class LayoutResult:
     p99_seconds: float
     load_average: str
     cpu_ms_per_job: dict[str, float]  # by process name, postgres, bench (the accepting), other
+    # CPU the hypervisor gave to other guests during the run (not counted above), ms per job.
+    steal_ms_per_job: float
+    # µs per sum(range(100)) before and after the layout ran (report.interpreter_us): the machine's
+    # speed for Python at the time, which CPU per job follows.
+    interpreter_us: tuple[float, float]
     transactions_per_job: float  # PostgreSQL commits and rollbacks in the bench database
     worker_counters: dict[str, float]  # deferrals, limiter calls past the deadline, claims, hops
     # Seconds from the last terminal state until the worker's ingest had taken in every job (the
@@ -199,6 +204,7 @@ def run_layout(stack: Stack, layout: str, args: argparse.Namespace) -> LayoutRes
             flush=True,
         )
         profilers = start_profilers(workers, layout, args.profile) if args.profile > 0 else []
+        speed_before = report.interpreter_us()
         cpu_before, xacts_before = cpu.sample(), transactions(stack)
         # Accept from a thread, so progress counts from the first acceptance.
         accepting = threading.Thread(
@@ -211,7 +217,9 @@ def run_layout(stack: Stack, layout: str, args: argparse.Namespace) -> LayoutRes
         wait_terminal(stack, tenant, args.jobs, args.timeout, quiet=False)
         accepting.join()
         ingest_lag = wait_ingested(stack, tenant, args.jobs, args.timeout)
-        seconds = stack.cpu_seconds(cpu_before, cpu.sample())
+        cpu_after = cpu.sample()
+        seconds = stack.cpu_seconds(cpu_before, cpu_after)
+        steal = cpu.stolen(cpu_before, cpu_after)
         time.sleep(1.0)  # PostgreSQL publishes its transaction counters at most once a second
         xacts = transactions(stack) - xacts_before
         counters = stack.worker_counters()
@@ -220,8 +228,15 @@ def run_layout(stack: Stack, layout: str, args: argparse.Namespace) -> LayoutRes
     finally:
         for worker in workers:
             stack.stop(worker)
+    speed = (round(speed_before, 3), round(report.interpreter_us(), 3))
     result = summarize(stack, tenant, layout, processes, concurrency, load, seconds, xacts, counters)
-    return replace(result, ingest_lag_seconds=ingest_lag)
+    finished = max(1, result.finished)
+    return replace(
+        result,
+        ingest_lag_seconds=ingest_lag,
+        steal_ms_per_job=round(1000 * steal / finished, 3),
+        interpreter_us=speed,
+    )
 
 
 def finish_profiler(profiler: subprocess.Popen[bytes], timeout: float) -> None:
@@ -331,6 +346,8 @@ def summarize(
         worker_counters=counters,
         ingest_lag_seconds=0.0,
         finish_offsets=finishes,
+        steal_ms_per_job=0.0,
+        interpreter_us=(0.0, 0.0),
     )
 
 
@@ -376,6 +393,11 @@ def print_results(results: list[LayoutResult], ceiling: Ceiling, out: Path, acce
         print(
             f"  {r.layout:<8} {parts}; {r.transactions_per_job:.1f} transactions/job "
             f"(counted until the ingest took in every job, {r.ingest_lag_seconds:.1f} s after the last ended)"
+        )
+        print(
+            f"  {'':<8} not counted: steal {r.steal_ms_per_job:.2f} ms per job (CPU the hypervisor gave "
+            f"to other guests); machine speed sum(range(100)) {r.interpreter_us[0]:.3f} µs before, "
+            f"{r.interpreter_us[1]:.3f} µs after"
         )
     print(
         "worker counters (deferrals, limiter calls past their deadline, claims, hops, wake-ups,"

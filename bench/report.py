@@ -10,6 +10,7 @@ import math
 import os
 import threading
 import time
+import timeit
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,15 @@ def load_average() -> str:
 
 def machine() -> str:
     return f"{os.cpu_count()} CPUs, load average {load_average()}"
+
+
+def interpreter_us() -> float:
+    """Microseconds per ``sum(range(100))``, best of five, as ``python -m timeit`` reports it: how
+    fast this machine runs Python right now. CPU per job moves with it from day to day on a shared
+    machine; a bench prints it beside its CPU figures so runs on different days can be compared."""
+    timer = timeit.Timer("sum(range(100))")
+    number, _ = timer.autorange()
+    return 1e6 * min(timer.repeat(repeat=5, number=number)) / number
 
 
 def header(name: str, details: str) -> None:

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from bench import cpu
 from bench import delivery as delivery_bench
 from bench.quota import Samples, capacity, windows
 from bench.report import percentile
@@ -37,6 +38,18 @@ def test_an_unlimited_dimension_never_binds() -> None:
     figures = capacity(rpm=600, tpm=0, reserved_tokens=4913, concurrency=20, mean_seconds=1.0)
     assert math.isinf(figures["tpm_term"])
     assert figures["capacity"] == pytest.approx(10)
+
+
+def test_busy_cpu_leaves_out_idle_iowait_steal_and_the_guest_time_user_already_holds() -> None:
+    # Given a /proc/stat cpu line: user 100, nice 10, system 50, idle 1000, iowait 20, irq 3,
+    # softirq 7, steal 40, guest 30 (inside user), guest_nice 0
+    line = "cpu  100 10 50 1000 20 3 7 40 30 0"
+    # When read
+    busy, steal = cpu.busy_and_steal(line)
+    # Then busy is user + nice + system + irq + softirq, and steal is apart
+    tick = cpu._TICK
+    assert busy == pytest.approx(170 / tick)
+    assert steal == pytest.approx(40 / tick)
 
 
 def test_p95_of_twenty_tries_is_the_nineteenth_slowest() -> None:
