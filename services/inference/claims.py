@@ -15,6 +15,7 @@ the attempt is still logged with outcome ``stale`` because the provider call was
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -47,7 +48,34 @@ Q = load_queries(Path(__file__).with_name("sql") / "inference.sql")
 Q["start_job"] = Q["start_job"].replace(
     "{change_ctes}", versioned_change_ctes("started", outbox=False, detail="detail")
 )
-Q["complete_job"] = Q["complete_job"].replace("{change_ctes}", versioned_change_ctes("done"))
+_COMPLETE_JOB = Q["complete_job"].replace("{change_ctes}", versioned_change_ctes("done"))
+Q["complete_job"] = _COMPLETE_JOB.replace("{next_head}", "").replace("{returning}", "SELECT * FROM done")
+# The completion and, in the same statement, the head job its slot's next claim tries first (one
+# round trip per job less): ``head_job`` for the tenant and priority in ``next_head_*``. It always
+# returns one row: the completion's columns (null when the fence was stale) and the head's, each
+# prefixed ``head_`` (null when no job of that tenant and priority is due and free).
+_HEAD_COLUMNS = (
+    "id",
+    "available_at",
+    "estimated_tokens",
+    "traceparent",
+    "fence",
+    "interactive_next",
+    "batch_next",
+)
+_NEXT_HEAD = (
+    Q["head_job"]
+    .replace("%(tenant_id)s", "%(next_head_tenant_id)s")
+    .replace("%(priority)s", "%(next_head_priority)s")
+)
+Q["complete_job_then_head"] = _COMPLETE_JOB.replace(
+    "{next_head}", f",\nnext_head AS (\n{_NEXT_HEAD}\n)"
+).replace(
+    "{returning}",
+    "SELECT done.*, "
+    + ", ".join(f"next_head.{c} AS head_{c}" for c in _HEAD_COLUMNS)
+    + "\nFROM (SELECT) AS one LEFT JOIN done ON true LEFT JOIN next_head ON true",
+)
 
 EVENT_FOR_STATE: dict[str, str | None] = {
     states.SUCCEEDED: events.EXTRACTION_COMPLETED,
@@ -98,6 +126,24 @@ class Started:
     # What validation compares the answer against, read in the claim's transaction; its
     # source_text is also the prompt's document.
     context: ValidationContext
+
+
+@dataclass
+class _NextHead:
+    """The head job a completion's statement locked for its slot's next claim: the first tenant and
+    priority the kept loads said that claim would try, and the row (None: nothing due and free)."""
+
+    tenant_id: uuid.UUID
+    priority: str
+    row: dict[str, Any] | None = None
+    used: bool = False
+
+    def take(self, tenant_id: uuid.UUID, priority: str) -> tuple[bool, dict[str, Any] | None]:
+        """(True, the row) the first time the claim asks for this tenant and priority, else (False, None)."""
+        if self.used or tenant_id != self.tenant_id or priority != self.priority:
+            return False, None
+        self.used = True
+        return True, self.row
 
 
 @dataclass(frozen=True)
@@ -201,10 +247,10 @@ class Claims:
                 claimed = self._claim(uow, acquire_once)
         return _observed(claimed)
 
-    def _claim(self, uow: UnitOfWork, acquire: Acquire) -> Claimed:
+    def _claim(self, uow: UnitOfWork, acquire: Acquire, next_head: _NextHead | None = None) -> Claimed:
         kept = self._loads.current()
         if kept is not None:
-            claimed = self._claim_among(uow, acquire, *kept)
+            claimed = self._claim_among(uow, acquire, *kept, next_head)
             if claimed is not None:
                 return claimed
             # Nothing startable among the tenants this process kept: the database may know more.
@@ -216,13 +262,34 @@ class Claims:
             return None
         now = rows[0]["now"]
         self._loads.keep(loads, now)
-        return self._claim_among(uow, acquire, loads, now)
+        return self._claim_among(uow, acquire, loads, now, next_head)
+
+    def _next_head(self, finishing: uuid.UUID) -> _NextHead | None:
+        """The tenant and priority the next claim will try first, by the kept loads once the job of
+        ``finishing`` has ended; None when no loads are kept (that claim reads them first)."""
+        kept = self._loads.current()
+        if kept is None:
+            return None
+        loads, now = kept
+        load = loads.get(finishing)
+        if load is not None:
+            loads[finishing] = dataclasses.replace(load, running=max(0, load.running - 1))
+        for tenant_id in order_tenants(list(loads.values()), now, self._aging):
+            first = loads[tenant_id]
+            priority = prefer(first.interactive_head, first.batch_head, self._aging)
+            return None if priority is None else _NextHead(tenant_id, priority)
+        return None
 
     def _claim_among(
-        self, uow: UnitOfWork, acquire: Acquire, loads: Mapping[uuid.UUID, TenantLoad], now: datetime
+        self,
+        uow: UnitOfWork,
+        acquire: Acquire,
+        loads: Mapping[uuid.UUID, TenantLoad],
+        now: datetime,
+        next_head: _NextHead | None = None,
     ) -> Claimed:
         for tenant_id in order_tenants(list(loads.values()), now, self._aging):
-            head = self._head(uow, loads[tenant_id])
+            head = self._head(uow, loads[tenant_id], next_head)
             if head is None:
                 self._loads.forget(tenant_id)
                 continue  # its due jobs are being claimed by other slots right now
@@ -269,17 +336,24 @@ class Claims:
         log.warning("job %s failed: no wait could admit it (%s)", job_id, why)
         return Refused(job_id, why, row["priority"], row["since_accepted"])
 
-    def _head(self, uow: UnitOfWork, load: TenantLoad) -> dict[str, Any] | None:
+    def _head(
+        self, uow: UnitOfWork, load: TenantLoad, next_head: _NextHead | None = None
+    ) -> dict[str, Any] | None:
         """Lock the tenant's next due job: of the priority its heads prefer, else of the other one.
 
         The load's heads are read a moment earlier and include jobs other slots hold or that are
         not due yet, so the other priority is the fallback when the preferred one has none free.
+        What the completion's statement already locked for this tenant and priority is not read again.
         """
         first = prefer(load.interactive_head, load.batch_head, self._aging)
         if first is None:
             return None
         for priority in (first, "batch" if first == "interactive" else "interactive"):
-            head = uow.execute(Q["head_job"], {"tenant_id": load.tenant_id, "priority": priority}).fetchone()
+            read, head = next_head.take(load.tenant_id, priority) if next_head else (False, None)
+            if not read:
+                head = uow.execute(
+                    Q["head_job"], {"tenant_id": load.tenant_id, "priority": priority}
+                ).fetchone()
             if head is not None:
                 return head
         return None
@@ -348,10 +422,11 @@ class Claims:
         ride: float | None = None
         with _releasing_on_failure(acquire, release_unused) as acquire_once:
             with self._completion_unit() as uow:
-                written = self._complete(uow, job, completion)
+                next_head = self._next_head(job.tenant_id) if claim_next else None
+                written = self._complete(uow, job, completion, next_head)
                 if written is not None:
                     self._loads.finished(job.tenant_id)
-                claimed = self._claim(uow, acquire_once) if claim_next else None
+                claimed = self._claim(uow, acquire_once, next_head) if claim_next else None
                 if uow.recorded and self._nudge is not None:
                     ride = self._nudge.ride(uow.conn)
         if uow.recorded and self._nudge is not None:
@@ -372,9 +447,12 @@ class Claims:
             )
         return written is not None, _observed(claimed)
 
-    def _complete(self, uow: UnitOfWork, job: ClaimedJob, completion: Completion) -> dict[str, Any] | None:
+    def _complete(
+        self, uow: UnitOfWork, job: ClaimedJob, completion: Completion, next_head: _NextHead | None = None
+    ) -> dict[str, Any] | None:
         """One statement writes the outcome, the attempt's hops and the change's events when the
-        fence holds, and only the hops (as ``stale``) when it does not."""
+        fence holds, and only the hops (as ``stale``) when it does not; given ``next_head``, the
+        same statement locks that head job and keeps it there for the claim that follows."""
         change = JobChange(
             job.tenant_id,
             job.job_id,
@@ -401,7 +479,16 @@ class Claims:
             "worker_id": self._worker_id[:64],
             "hops": Jsonb([_hop_fields(hop) for hop in completion.hops]),
         }
-        row = uow.execute(Q["complete_job"], params).fetchone()
+        if next_head is None:
+            row = uow.execute(Q["complete_job"], params).fetchone()
+        else:
+            params["next_head_tenant_id"] = next_head.tenant_id
+            params["next_head_priority"] = next_head.priority
+            both = uow.execute(Q["complete_job_then_head"], params).fetchone()
+            assert both is not None, "the statement always returns its one row"
+            if both["head_id"] is not None:
+                next_head.row = {c: both[f"head_{c}"] for c in _HEAD_COLUMNS}
+            row = both if both["state_version"] is not None else None
         if row is None:
             return None
         uow.recorded_by_statement(change)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -20,7 +21,9 @@ from services.common import events, states
 from services.common.db import SyncPool, sync_pool
 from services.common.migrate import migrate
 from services.common.settings import CommonSettings
+from services.common.uow import UnitOfWork
 from services.inference.claims import Claims, Completion, Started
+from services.inference.claims import Q as CLAIMS_Q
 from services.inference.nudge import RelayNudge
 from services.inference.providers.base import ErrorClass, Hop
 from services.limiter.model import Grant
@@ -334,6 +337,45 @@ def test_a_completion_claims_the_slots_next_job_in_its_own_transaction(fresh_poo
         second.job, Completion(states.SUCCEEDED, (), result={"x": 1}), (_grant, _never_released)
     )
     assert written and nothing is None
+
+
+def test_with_kept_loads_a_completion_locks_the_next_head_in_its_own_statement(
+    fresh_pool: SyncPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given three due jobs, the first one started by a slot whose process keeps the tenant loads
+    tenant_id, _ = create_tenant(fresh_pool, TenantSpec(name="kept"))
+    queued = [_queue_job(fresh_pool, tenant_id) for _ in range(3)]
+    kept: dict[str, Any] = {"nudge": _Nudges(), "loads_seconds": 60}
+    claims = Claims(fresh_pool, worker_id="t", model="m", lease_seconds=60, aging_seconds=30, **kept)
+    first = claims.claim(_grant, _never_released)
+    assert isinstance(first, Started)
+    statements: list[str] = []
+    execute = UnitOfWork.execute
+
+    def counted(self: UnitOfWork, query: Any, params: Any = None) -> Any:
+        statements.append(next(name for name, text in CLAIMS_Q.items() if text == query))
+        return execute(self, query, params)
+
+    monkeypatch.setattr(UnitOfWork, "execute", counted)
+    # When its attempt completes and the slot goes on
+    written, second = claims.complete_then_claim(
+        first.job, Completion(states.SUCCEEDED, (), result={"x": 1}), (_grant, _never_released)
+    )
+    # Then the other job started, found by the completion's own statement: two statements, not three
+    assert written and isinstance(second, Started) and second.job.job_id != first.job.job_id
+    assert _state(fresh_pool, second.job.job_id)[0] == states.RUNNING
+    assert statements == ["complete_job_then_head", "start_job"]
+    # And a stale completion that locked a head still starts it, and leaves the newer owner's job alone
+    with fresh_pool.connection() as conn:
+        conn.execute("UPDATE extraction_jobs SET fence = fence + 1 WHERE id = %s", (second.job.job_id,))
+    statements.clear()
+    written, third = claims.complete_then_claim(
+        second.job, Completion(states.SUCCEEDED, (), result={"x": 1}), (_grant, _never_released)
+    )
+    assert not written and isinstance(third, Started)
+    assert {first.job.job_id, second.job.job_id, third.job.job_id} == set(queued)
+    assert _state(fresh_pool, second.job.job_id) == (states.RUNNING, second.job.fence + 1)
+    assert statements == ["complete_job_then_head", "start_job"]
 
 
 def test_a_stale_completion_that_claims_next_still_cannot_overwrite_the_newer_owner(

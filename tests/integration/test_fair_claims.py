@@ -197,6 +197,49 @@ def test_a_completion_frees_its_tenants_place_in_the_kept_loads(fresh_pool: Sync
     assert _loads_reads() - before == 0
 
 
+def _running(pool: SyncPool, tenant_id: uuid.UUID) -> int:
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT count(*) AS n FROM extraction_jobs WHERE tenant_id = %s AND state = 'RUNNING'",
+            (tenant_id,),
+        ).fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+def test_slots_that_complete_and_claim_on_keep_the_tenants_in_flight_by_weight(
+    fresh_pool: SyncPool, loads_seconds: float
+) -> None:
+    # Given a tenant of weight 3 and one of weight 1, each with a backlog, and four slots started
+    heavy, _ = create_tenant(fresh_pool, TenantSpec(name="heavy", weight=3, max_in_flight=100))
+    light, _ = create_tenant(fresh_pool, TenantSpec(name="light", weight=1, max_in_flight=100))
+    _queue_jobs(fresh_pool, heavy, 40)
+    _queue_jobs(fresh_pool, light, 40)
+    claims = _claims(fresh_pool, loads_seconds)
+    slots = [claims.claim(_grant, _never_released) for _ in range(4)]
+    assert all(isinstance(s, Started) for s in slots)
+    done = Completion(states.SUCCEEDED, (), result={"x": 1})
+    # When each slot, in turn, completes its job and claims its next one in the same transaction
+    # (with kept loads, the completion's statement locks the head that claim takes)
+    started: list[uuid.UUID] = []
+    for turn in range(24):
+        slot = slots[turn % 4]
+        assert isinstance(slot, Started)
+        written, slots[turn % 4] = claims.complete_then_claim(slot.job, done, (_grant, _never_released))
+        nxt = slots[turn % 4]
+        assert written and isinstance(nxt, Started)
+        started.append(nxt.job.tenant_id)
+        # Then three of every four running jobs are the heavy tenant's after every turn
+        assert (_running(fresh_pool, heavy), _running(fresh_pool, light)) == (3, 1)
+    assert started.count(heavy) == 18 and started.count(light) == 6
+    # And every job the completions' statements locked and did not start is still due
+    with fresh_pool.connection() as conn:
+        row = conn.execute(
+            "SELECT count(*) AS n FROM extraction_jobs WHERE state IN ('READY', 'RETRY_SCHEDULED')"
+        ).fetchone()
+    assert row is not None and row["n"] == 80 - 4 - 24
+
+
 def test_a_permit_granted_inside_a_claim_whose_transaction_fails_is_released_as_not_sent(
     fresh_pool: SyncPool, database_url: str
 ) -> None:

@@ -89,7 +89,9 @@ WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED')
 -- The fenced completion in one statement: the row's outcome, the attempt's hops (jsonb, one object
 -- per hop) and the change's job and outbox events (the placeholder below, taken from "done"). When the
 -- fence is stale the UPDATE writes nothing, so neither do the events, and the hops are logged with
--- the outcome "stale"; a refunded attempt (written, refund 1) logs no hops.
+-- the outcome "stale"; a refunded attempt (written, refund 1) logs no hops. The last placeholders
+-- are the slot's next head job, locked in the same statement when the worker knows which tenant
+-- and priority its next claim will try first (services/inference/claims.py), and what is returned.
 WITH done AS (
     UPDATE extraction_jobs
     SET state = %(state)s, state_version = state_version + 1, lease_until = NULL,
@@ -121,8 +123,8 @@ hops AS (
     CROSS JOIN (SELECT EXISTS (SELECT FROM done) AS written) w
     WHERE NOT (w.written AND %(refund)s = 1)
 ),
-{change_ctes}
-SELECT * FROM done
+{change_ctes}{next_head}
+{returning}
 
 -- name: open_review_task
 -- A result that did not pass validation waits for a reviewer (DESIGN §5.13): its task is opened
