@@ -131,7 +131,9 @@ class Started:
 @dataclass
 class _NextHead:
     """The head job a completion's statement locked for its slot's next claim: the first tenant and
-    priority the kept loads said that claim would try, and the row (None: nothing due and free)."""
+    priority the kept loads said that claim would try, and the row (None: nothing due and free).
+    If the claim tries another tenant first (another slot changed the kept loads meanwhile), the
+    row stays locked, and due, until the transaction ends; other slots skip it until then."""
 
     tenant_id: uuid.UUID
     priority: str
@@ -274,11 +276,12 @@ class Claims:
         load = loads.get(finishing)
         if load is not None:
             loads[finishing] = dataclasses.replace(load, running=max(0, load.running - 1))
-        for tenant_id in order_tenants(list(loads.values()), now, self._aging):
-            first = loads[tenant_id]
-            priority = prefer(first.interactive_head, first.batch_head, self._aging)
-            return None if priority is None else _NextHead(tenant_id, priority)
-        return None
+        order = order_tenants(list(loads.values()), now, self._aging)
+        if not order:
+            return None
+        first = loads[order[0]]
+        priority = prefer(first.interactive_head, first.batch_head, self._aging)
+        return None if priority is None else _NextHead(first.tenant_id, priority)
 
     def _claim_among(
         self,
