@@ -29,7 +29,8 @@ WHERE t.tenant_id IS NOT NULL
 -- Whether a job the ingest just took in still waits to be claimed: in a burst the slots claim from
 -- this table faster than the ingest takes in the events, and a wake-up for a job already started
 -- would only make a claim that finds nothing. An expression: the inbox's insert evaluates it in its
--- own statement (services/common/inbox.py, take_and_check).
+-- own statement (services/common/inbox.py, take_and_check), and a group's insert for each row it
+-- inserted, its placeholders read as that row's columns (take_all_and_check).
 EXISTS (SELECT 1 FROM extraction_jobs WHERE id = %(job_id)s AND state IN ('READY', 'RETRY_SCHEDULED'))
 
 -- name: head_job
