@@ -61,6 +61,10 @@ class _Owned:
     fence: int
     permits: AttemptPermits
     call: CallScope
+    # Set when the call has ended and the slot goes on to write the outcome. A heartbeat that then
+    # finds the lease gone has most likely met the slot's own completion; if the lease was really
+    # taken, the completion finds its fence stale and says so.
+    settling: bool = False
 
 
 class Executor:
@@ -260,8 +264,9 @@ class Executor:
             request_key=request_key(job.job_text, job.fence),
         )
         call = CallScope()
+        owned = _Owned(job.fence, permits, call)
         with self._owned_lock:
-            self._owned[job.job_id] = _Owned(job.fence, permits, call)
+            self._owned[job.job_id] = owned
         metrics.IN_FLIGHT.inc()
         t0 = time.monotonic()
         try:
@@ -279,6 +284,7 @@ class Executor:
             except Exception as exc:  # a bug in the call path must not lose the job: retry it
                 log.exception("job %s: provider call failed unexpectedly", job.job_id)
                 result = ProviderResult(None, error_class=None, error_message=f"{WORKER_ERROR}: {exc}"[:500])
+            owned.settling = True
             _trace_hops(result)
             faults.point(self._s.common.faults, faults.CRASH_AFTER_PROVIDER_RESPONSE)
             verdict = None
@@ -347,6 +353,10 @@ class Executor:
                 log.exception("heartbeat could not renew leases")
                 continue
             for job_id in lost:
+                if owned[job_id].settling:
+                    # No call to cut: the slot is writing the outcome, or has written it between
+                    # the snapshot above and the renewal, which then found the job finished.
+                    continue
                 metrics.LEASES_LOST.inc()
                 log.warning("job %s: lease lost or job cancelled; its call is cut", job_id)
                 # Nobody owns the call any more: cut it, so its permit is released now rather

@@ -9,9 +9,12 @@ import signal
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fix_pipeline import TERMINAL, Pipeline, StartPipeline
+from fix_processes import ServiceProcess
 from services.sandbox.samples import load_samples
 
 pytestmark = pytest.mark.chaos
@@ -217,3 +220,33 @@ def test_cancel_stops_a_job_not_yet_started_and_discards_the_result_of_a_running
     assert after["state"] == "CANCELLED"
     assert after["result"] is None
     assert [a["outcome"] for a in pipe.attempts(running)] == ["stale"]
+
+
+def _leases_lost(worker: ServiceProcess) -> float:
+    text = httpx.get(f"{worker.base_url}/metrics", timeout=5).text
+    (family,) = (f for f in text_string_to_metric_families(text) if f.name == "fatura_inference_leases_lost")
+    return sum(sample.value for sample in family.samples if sample.name.endswith("_total"))
+
+
+def test_a_heartbeat_racing_its_slots_completions_reports_only_the_lease_really_taken(pipe: Pipeline) -> None:
+    # Given a worker whose heartbeat renews its leases every 100 ms while its slots finish job after job
+    worker = pipe.start_worker(FATURA_HEARTBEAT_SECONDS="0.1", FATURA_INFERENCE_CONCURRENCY="8")
+    tenant = pipe.make_tenant()
+    samples = load_samples()
+    jobs = [pipe.submit(tenant, samples[i % len(samples)].text) for i in range(120)]
+    # When every job ends
+    for job_id in jobs:
+        assert pipe.wait_state(job_id, TERMINAL)["attempt"] == 1
+    # Then no renewal that met a slot's own completion was taken for a lost lease (no cut, no warning)
+    assert _leases_lost(worker) == 0
+    # And a job cancelled in the middle of its call still is: its lease is lost and its call cut
+    pipe.fault("hang_before_headers", delay_s=5, count=1)
+    running = pipe.submit(tenant, _text())
+    _wait_running(pipe, running)
+    with pipe.client() as c:
+        assert c.post(f"/v1/extraction-jobs/{running}:cancel", headers=tenant.headers).status_code == 200
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _leases_lost(worker) == 0:
+        time.sleep(0.05)
+    assert _leases_lost(worker) == 1
+    assert pipe.wait_state(running, TERMINAL)["state"] == "CANCELLED"
