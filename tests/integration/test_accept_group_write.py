@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 import uuid
 from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
@@ -200,8 +201,10 @@ def test_a_connection_lost_mid_group_fails_the_group_and_retries_make_each_job_o
 
 
 async def _waiting_backend(admin: psycopg.AsyncConnection[Any]) -> int:
-    """The pid of the test pool's session once it waits on the lock (with writes queued behind)."""
-    for _ in range(500):
+    """The pid of the test pool's session once it waits on the lock (with writes queued behind).
+    The deadline is generous: on a loaded machine the pool's first connections can take seconds."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
         cur = await admin.execute(
             "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
             (f"fatura-{POOL_NAME}",),
