@@ -54,6 +54,14 @@ Q["complete_job"] = _COMPLETE_JOB.replace("{next_head}", "").replace("{returning
 # round trip per job less): ``head_job`` for the tenant and priority in ``next_head_*``. It always
 # returns one row: the completion's columns (null when the fence was stale) and the head's, each
 # prefixed ``head_`` (null when no job of that tenant and priority is due and free).
+#
+# The head is locked first, before the completion's UPDATE, which can wait on its own row. A
+# ``FOR UPDATE SKIP LOCKED`` scan that meets a job another slot started after the statement's
+# snapshot was taken follows the row to its newest version, locks it, finds it no longer due and
+# skips it, but keeps that lock until the transaction ends; and this transaction goes on across the
+# next claim's limiter call. Scanned after a wait, the head made such locks on running jobs, and
+# their own slots' completions queued behind them (pg_stat_statements in `fatura bench pipeline`:
+# 17 ms per completion, against 4.7 ms with the head first).
 _HEAD_COLUMNS = (
     "id",
     "available_at",
@@ -74,7 +82,7 @@ Q["complete_job_then_head"] = _COMPLETE_JOB.replace(
     "{returning}",
     "SELECT done.*, "
     + ", ".join(f"next_head.{c} AS head_{c}" for c in _HEAD_COLUMNS)
-    + "\nFROM (SELECT) AS one LEFT JOIN done ON true LEFT JOIN next_head ON true",
+    + "\nFROM (SELECT) AS one LEFT JOIN next_head ON true LEFT JOIN done ON true",
 )
 
 EVENT_FOR_STATE: dict[str, str | None] = {

@@ -5,6 +5,7 @@ The start and the completion each write their row, hops and events in one statem
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -376,6 +377,68 @@ def test_with_kept_loads_a_completion_locks_the_next_head_in_its_own_statement(
     assert {first.job.job_id, second.job.job_id, third.job.job_id} == set(queued)
     assert _state(fresh_pool, second.job.job_id) == (states.RUNNING, second.job.fence + 1)
     assert statements == ["complete_job_then_head", "start_job"]
+
+
+def _waits_on_a_lock(pool: SyncPool, application_name: str) -> bool:
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT count(*) AS n FROM pg_stat_activity"
+            " WHERE application_name = %s AND wait_event_type = 'Lock'",
+            (application_name,),
+        ).fetchone()
+    return bool(row and row["n"])
+
+
+def test_a_completion_held_up_on_its_own_row_leaves_no_lock_on_a_job_another_slot_started(
+    fresh_pool: SyncPool,
+) -> None:
+    # Given three due jobs, slot B running the first, and its row locked for a moment by another session
+    tenant_id, _ = create_tenant(fresh_pool, TenantSpec(name="held"))
+    queued = [_queue_job(fresh_pool, tenant_id) for _ in range(3)]
+    kept: dict[str, Any] = {"nudge": _Nudges(), "loads_seconds": 60}
+    claims = Claims(fresh_pool, worker_id="t", model="m", lease_seconds=60, aging_seconds=30, **kept)
+    b = claims.claim(_grant, _never_released)
+    assert isinstance(b, Started) and b.job.job_id == queued[0]
+    limiter_answers = threading.Event()
+
+    def slow_grant(*_: object) -> Grant:
+        # B's next claim asks the limiter, inside the completion's transaction
+        limiter_answers.wait(30)
+        return _grant()
+
+    b_next: list[Any] = []
+    with psycopg.connect(fresh_pool.conninfo) as other:
+        other.execute("SELECT 1 FROM extraction_jobs WHERE id = %s FOR UPDATE", (b.job.job_id,))
+        slot_b = threading.Thread(
+            target=lambda: b_next.append(
+                claims.complete_then_claim(
+                    b.job, Completion(states.SUCCEEDED, (), result={"x": 1}), (slow_grant, _never_released)
+                )
+            )
+        )
+        slot_b.start()
+        # When B's completion statement waits on that lock, slot A claims a job and starts it
+        wait_until(lambda: _waits_on_a_lock(fresh_pool, "fatura-claimtx"), 10, "B waiting on the lock")
+        a = claims.claim(_grant, _never_released)
+        assert isinstance(a, Started)
+        other.rollback()  # B's statement goes on, and B's next claim waits on the limiter
+    try:
+        # Then A's completion does not wait for B's transaction: B's statement did not lock A's job
+        slot_a = threading.Thread(
+            target=lambda: claims.complete(a.job, Completion(states.SUCCEEDED, (), result={"x": 1}))
+        )
+        slot_a.start()
+        slot_a.join(10)
+        assert not slot_a.is_alive(), "A's completion waited on B's open transaction"
+        assert _state(fresh_pool, a.job.job_id)[0] == states.SUCCEEDED
+    finally:
+        limiter_answers.set()
+        slot_b.join(30)
+        slot_a.join(30)
+    # And B's job is done and its slot started the third job
+    ((written, claimed),) = b_next
+    assert written and isinstance(claimed, Started)
+    assert {a.job.job_id, claimed.job.job_id} == set(queued[1:])
 
 
 def test_a_stale_completion_that_claims_next_still_cannot_overwrite_the_newer_owner(
