@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from typing import Any
 from bench import cpu, report
 from bench.ceiling import in_child
 from bench.report import OUT_DIR, load_average, percentile
-from bench.stack import TERMINAL, Stack, add_stack_arguments, limiter_toml, noop_queue
+from bench.stack import Stack, add_stack_arguments, limiter_toml, noop_queue
 from services.common.settings import CommonSettings
 from services.inference.settings import InferenceSettings
 
@@ -207,14 +208,15 @@ def run_layout(stack: Stack, layout: str, args: argparse.Namespace) -> LayoutRes
         speed_before = report.interpreter_us()
         cpu_before, xacts_before = cpu.sample(), transactions(stack)
         # Accept from a thread, so progress counts from the first acceptance.
+        accepted = _Tally()
         accepting = threading.Thread(
             target=stack.accept_jobs,
             args=(tenant, args.jobs),
-            kwargs={"group": args.accept_group},
+            kwargs={"group": args.accept_group, "on_accepted": accepted.add},
             daemon=True,
         )
         accepting.start()
-        wait_terminal(stack, tenant, args.jobs, args.timeout, quiet=False)
+        wait_terminal(stack, tenant, args.jobs, args.timeout, quiet=False, accepted=accepted.read)
         accepting.join()
         ingest_lag = wait_ingested(stack, tenant, args.jobs, args.timeout)
         cpu_after = cpu.sample()
@@ -256,11 +258,38 @@ def transactions(stack: Stack) -> int:
     return int(stack.query("transactions")[0]["xacts"])
 
 
-def wait_terminal(stack: Stack, tenant: uuid.UUID, total: int, timeout: float, *, quiet: bool) -> None:
+class _Tally:
+    """How many jobs the accepting thread has committed so far."""
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self._n += n
+
+    def read(self) -> int:
+        with self._lock:
+            return self._n
+
+
+def wait_terminal(
+    stack: Stack,
+    tenant: uuid.UUID,
+    total: int,
+    timeout: float,
+    *,
+    quiet: bool,
+    accepted: Callable[[], int] | None = None,
+) -> None:
+    """Until ``total`` jobs of ``tenant`` are terminal, printing progress. The jobs accepted so far
+    (``accepted``; all ``total`` when not given) less the tenant's pending count is how many
+    ended: read before the pending count, so a job accepted in between is counted as not ended."""
     started = last_print = time.monotonic()
     while True:
-        states = stack.tenant_states(tenant)
-        done = sum(n for state, n in states.items() if state in TERMINAL)
+        so_far = accepted() if accepted else total
+        done = so_far - stack.tenant_pending(tenant)
         now = time.monotonic()
         if not quiet and (now - last_print >= 2.0 or done >= total):
             rate = done / (now - started)
@@ -272,7 +301,7 @@ def wait_terminal(stack: Stack, tenant: uuid.UUID, total: int, timeout: float, *
         if done >= total:
             return
         if now - started > timeout:
-            print(f"  gave up after {timeout:g} s: {dict(states)}", flush=True)
+            print(f"  gave up after {timeout:g} s: {dict(stack.tenant_states(tenant))}", flush=True)
             return
         time.sleep(0.5)
 

@@ -17,6 +17,7 @@ import argparse
 import os
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -265,10 +266,12 @@ class Stack:
         priority: str = "batch",
         connections: int = 4,
         group: int = 1,
+        on_accepted: Callable[[int], None] | None = None,
     ) -> list[uuid.UUID]:
         """Accept ``count`` jobs with sample invoices that validate (they end SUCCEEDED): one
         transaction per job, or with ``group`` > 1 up to that many per transaction, as the edge's
-        writers commit a burst."""
+        writers commit a burst. ``on_accepted`` is told how many jobs each commit made."""
+        told = on_accepted or (lambda _: None)
         texts = [s.text for s in load_samples() if s.expect == "SUCCEEDED"]
         chunks = [range(i, count, connections) for i in range(connections)]
 
@@ -279,9 +282,11 @@ class Stack:
                     for start in range(0, len(indices), group):
                         part = [texts[i % len(texts)] for i in indices[start : start + group]]
                         made.extend(accept_many(conn, tenant_id, part, priority))
+                        told(len(part))
                     return made
                 for i in indices:
                     made.append(accept_one(conn, tenant_id, texts[i % len(texts)], priority))
+                    told(1)
             return made
 
         with ThreadPoolExecutor(connections) as threads:
@@ -307,6 +312,10 @@ class Stack:
 
     def tenant_states(self, tenant_id: uuid.UUID) -> Counter[str]:
         return Counter({row["state"]: row["n"] for row in self.query("tenant_states", tenant_id=tenant_id)})
+
+    def tenant_pending(self, tenant_id: uuid.UUID) -> int:
+        """The tenant's jobs not yet terminal, from the admission counters (a cheap read)."""
+        return int(self.query("tenant_pending", tenant_id=tenant_id)[0]["n"])
 
     def worker_counters(self) -> dict[str, float]:
         """What the running inference workers counted, summed over them: deferrals by reason, limiter

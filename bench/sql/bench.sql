@@ -4,6 +4,12 @@
 -- name: tenant_states
 SELECT state, count(*) AS n FROM extraction_jobs WHERE tenant_id = %(tenant_id)s GROUP BY state
 
+-- name: tenant_pending
+-- How many of one tenant's jobs are not terminal (READY, RUNNING, RETRY_SCHEDULED), from the
+-- admission counters: 16 rows, where tenant_states reads every version of every job of the tenant
+-- (10.7 ms of PostgreSQL per call at 5,000 jobs, twice a second while a bench waits).
+SELECT coalesce(sum(pending_jobs), 0)::bigint AS n FROM admission_counters WHERE scope = %(tenant_id)s
+
 -- name: tenant_ingested
 -- How many of one tenant's jobs the inference worker's ingest has taken into the execution inbox.
 SELECT count(*) AS n FROM execution_inbox i JOIN extraction_jobs j ON j.id = i.job_id
