@@ -233,7 +233,7 @@ def test_a_heartbeat_racing_its_slots_completions_reports_only_the_lease_really_
     worker = pipe.start_worker(FATURA_HEARTBEAT_SECONDS="0.1", FATURA_INFERENCE_CONCURRENCY="8")
     tenant = pipe.make_tenant()
     samples = load_samples()
-    jobs = [pipe.submit(tenant, samples[i % len(samples)].text) for i in range(120)]
+    jobs = [pipe.submit(tenant, samples[i % len(samples)].text) for i in range(80)]
     # When every job ends
     for job_id in jobs:
         assert pipe.wait_state(job_id, TERMINAL)["attempt"] == 1

@@ -309,6 +309,13 @@ def _claims(pool: SyncPool) -> Claims:
     return Claims(pool, worker_id="t", model="m", lease_seconds=60, aging_seconds=30, nudge=_Nudges())
 
 
+def _kept_claims(pool: SyncPool) -> Claims:
+    """Claims as a worker that keeps the tenant loads makes them: its completions lock the next head."""
+    return Claims(
+        pool, worker_id="t", model="m", lease_seconds=60, aging_seconds=30, nudge=_Nudges(), loads_seconds=60
+    )
+
+
 def _state(pool: SyncPool, job_id: uuid.UUID) -> tuple[str, int]:
     with pool.connection() as conn:
         row = conn.execute("SELECT state, fence FROM extraction_jobs WHERE id = %s", (job_id,)).fetchone()
@@ -346,8 +353,7 @@ def test_with_kept_loads_a_completion_locks_the_next_head_in_its_own_statement(
     # Given three due jobs, the first one started by a slot whose process keeps the tenant loads
     tenant_id, _ = create_tenant(fresh_pool, TenantSpec(name="kept"))
     queued = [_queue_job(fresh_pool, tenant_id) for _ in range(3)]
-    kept: dict[str, Any] = {"nudge": _Nudges(), "loads_seconds": 60}
-    claims = Claims(fresh_pool, worker_id="t", model="m", lease_seconds=60, aging_seconds=30, **kept)
+    claims = _kept_claims(fresh_pool)
     first = claims.claim(_grant, _never_released)
     assert isinstance(first, Started)
     statements: list[str] = []
@@ -395,8 +401,7 @@ def test_a_completion_held_up_on_its_own_row_leaves_no_lock_on_a_job_another_slo
     # Given three due jobs, slot B running the first, and its row locked for a moment by another session
     tenant_id, _ = create_tenant(fresh_pool, TenantSpec(name="held"))
     queued = [_queue_job(fresh_pool, tenant_id) for _ in range(3)]
-    kept: dict[str, Any] = {"nudge": _Nudges(), "loads_seconds": 60}
-    claims = Claims(fresh_pool, worker_id="t", model="m", lease_seconds=60, aging_seconds=30, **kept)
+    claims = _kept_claims(fresh_pool)
     b = claims.claim(_grant, _never_released)
     assert isinstance(b, Started) and b.job.job_id == queued[0]
     limiter_answers = threading.Event()
