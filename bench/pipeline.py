@@ -285,11 +285,12 @@ def wait_terminal(
 ) -> None:
     """Until ``total`` jobs of ``tenant`` are terminal, printing progress. The jobs accepted so far
     (``accepted``; all ``total`` when not given) less the tenant's pending count is how many
-    ended: read before the pending count, so a job accepted in between is counted as not ended."""
+    ended: read before the pending count, so a job accepted in between is counted as not ended
+    (and the difference, never below 0, can only lag)."""
     started = last_print = time.monotonic()
     while True:
         so_far = accepted() if accepted else total
-        done = so_far - stack.tenant_pending(tenant)
+        done = max(0, so_far - stack.tenant_pending(tenant))
         now = time.monotonic()
         if not quiet and (now - last_print >= 2.0 or done >= total):
             rate = done / (now - started)
