@@ -21,7 +21,7 @@ from fix_processes import ServiceProcess, SpawnFn, start_edge
 from services.acceptance.tenants import TenantSpec, create_tenant, import_suppliers, parse_suppliers
 from services.common.db import SyncPool, sync_pool
 from services.common.migrate import migrate
-from services.common.procs import free_port
+from services.common.procs import free_port, stop_all
 from services.common.settings import CommonSettings
 from services.sandbox.samples import SUPPLIERS_CSV
 
@@ -67,10 +67,10 @@ class Pipeline:
     schedulers: list[ServiceProcess] = field(default_factory=list)
 
     def stop(self) -> None:
-        """End this pipeline's processes before its database goes away."""
-        for process in [*self.workers, *self.schedulers, self.relay, self.edge, *self.others]:
-            if process.alive():
-                process.stop()
+        """End this pipeline's processes before its database goes away: the ones that use the
+        limiter and the provider together, then those two (each wave takes its slowest's time)."""
+        stop_all([*self.workers, *self.schedulers, self.relay, self.edge])
+        stop_all(self.others)
 
     def start_worker(self, **env: str) -> ServiceProcess:
         port = free_port()
@@ -153,8 +153,7 @@ class Pipeline:
     def reset(self) -> None:
         """Between two tests of a module: no provider fault, no worker left running."""
         self.clear_faults()
-        for worker in self.workers:
-            worker.stop()
+        stop_all(self.workers)
         self.workers.clear()
 
     def provider(self, method: str, path: str, **kwargs: Any) -> Any:

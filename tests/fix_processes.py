@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.common.procs import ChildProcess, fatura_command, free_port
+from services.common.procs import ChildProcess, fatura_command, free_port, stop_all
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,9 +72,7 @@ def spawn(base_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
         return handle
 
     yield start
-    for handle in started:
-        if handle.alive():
-            handle.stop()
+    stop_all(started)
 
 
 def start_edge(spawn: SpawnFn, workers: int = 2, **env: str) -> ServiceProcess:

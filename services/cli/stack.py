@@ -28,7 +28,7 @@ from pika.exceptions import AMQPError
 
 from services.cli.processes import PROCESSES, ProcessSpec, by_name
 from services.common.keyring import DEVELOPMENT_KEY
-from services.common.procs import ChildProcess, answers, fatura_command
+from services.common.procs import ChildProcess, answers, fatura_command, stop_all
 from services.common.settings import CommonSettings, SettingsError, env_float
 
 START_COMMANDS = {
@@ -402,11 +402,7 @@ class Stack:
         if self._supervisor is not None:
             self._supervisor.join()
         # Only the ones still running: the group of a child that ended was killed when it ended.
-        running = [c.proc for c in reversed(children) if c.alive() and c.proc is not None]
-        for proc in running:
-            proc.terminate()
-        deadline = time.monotonic() + grace
-        for proc in running:
-            proc.finish(deadline)  # SIGKILL when it is late, and to anything it forked
+        # SIGKILL to the late ones, and to anything a child forked.
+        stop_all([c.proc for c in reversed(children) if c.alive() and c.proc is not None], grace)
         for thread in self._pumps:
             thread.join(timeout=2.0)

@@ -28,7 +28,7 @@ from fix_processes import ServiceProcess, SpawnFn, start_edge
 from services.common import events
 from services.common.broker import QuorumRabbitmqBroker, make_broker
 from services.common.keyring import DEVELOPMENT_KEY, Keyring
-from services.common.procs import free_port
+from services.common.procs import free_port, stop_all
 from services.common.settings import CommonSettings
 from services.common.uow import JobChange, unit_of_work
 from services.delivery import signing
@@ -151,8 +151,7 @@ def start_worker(spawn: SpawnFn, queue_prefix: str) -> Iterator[StartProcess]:
         return worker
 
     yield start
-    for worker in started:
-        worker.stop()
+    stop_all(started)
     _delete_queues(queue_prefix, ("delivery.deliver",))
 
 

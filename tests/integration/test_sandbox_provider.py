@@ -17,7 +17,7 @@ import pytest
 from stdnum import iban as stdnum_iban
 
 from fix_processes import ServiceProcess, SpawnFn
-from services.common.procs import free_port
+from services.common.procs import free_port, stop_all
 from services.inference.prompt import build_messages
 from services.inference.validation import resolve_span
 from services.sandbox.provider.extract import extract
@@ -80,8 +80,7 @@ def providers(spawn: SpawnFn) -> Iterator[dict[str, ServiceProcess]]:
     for process in started.values():
         process.wait_ready(f"{process.base_url}/readyz")
     yield started
-    for process in started.values():
-        process.stop()
+    stop_all(list(started.values()))
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.procs import ChildProcess, NotReady, accepts, answers, free_port, status
+from services.common.procs import ChildProcess, NotReady, accepts, answers, free_port, status, stop_all
 
 # A child that serves /readyz (200) and /other (404) on the port it is given, and ignores SIGTERM
 # when asked to, so that stopping it has to fall back to SIGKILL.
@@ -102,3 +102,45 @@ def test_a_child_that_never_answers_is_not_ready_in_time(tmp_path: Path) -> None
             child.wait_ready(f"http://127.0.0.1:{free_port()}/readyz", timeout=0.3)
     finally:
         assert child.stop(grace=5) == -signal.SIGTERM
+
+
+# A child that, on SIGTERM, writes its mark and drains until every sibling's mark is there too (as
+# a service drains its work), exiting 0; after 5 s of waiting for them it gives up with 3. Stopped
+# one at a time, the first would wait for siblings nobody has told to stop yet.
+DRAINER = """
+import os, signal, sys, time
+marks, me, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def drain(*_):
+    open(os.path.join(marks, me), "w").close()
+    give_up = time.monotonic() + 5
+    while len(os.listdir(marks)) < count:
+        if time.monotonic() > give_up:
+            os._exit(3)
+        time.sleep(0.05)
+    os._exit(0)
+signal.signal(signal.SIGTERM, drain)
+print("draining on SIGTERM", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_children_stopped_together_are_all_told_before_any_is_waited_for(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    # Given three children that drain on SIGTERM until all three were told to stop
+    command = [sys.executable, "-c", DRAINER, str(marks)]
+    children = [
+        ChildProcess.start(f"drainer-{i}", [*command, str(i), "3"], log_path=tmp_path / f"drainer-{i}.log")
+        for i in range(3)
+    ]
+    stubborn_port = free_port()
+    stubborn = _server(tmp_path, stubborn_port, "stubborn").wait_accepting(stubborn_port, timeout=20)
+    for child in children:
+        child.wait_until(lambda c=child: "draining on SIGTERM" in c.log(), "listening for SIGTERM", 20)
+    # When they are stopped together, with one that ignores SIGTERM among them
+    stop_all([*children, stubborn], grace=8)
+    # Then each drainer saw every sibling told to stop and exited 0; the stubborn one was killed
+    assert [child.wait_exit(timeout=1) for child in children] == [0, 0, 0]
+    assert sorted(p.name for p in marks.iterdir()) == ["0", "1", "2"]
+    assert stubborn.wait_exit(timeout=1) == -signal.SIGKILL
