@@ -219,12 +219,15 @@ def pipeline_factory(
             FATURA_LIMITER_CONFIG=str(config),
             FATURA_LIMITER_KEY_PREFIX=f"fatura:test:{prefix}",
         )
-        limiter.wait_ready(f"http://127.0.0.1:{limiter_metrics}/readyz")
+        limiter.ready_url = f"http://127.0.0.1:{limiter_metrics}/readyz"
         provider = spawn("provider", **base, FATURA_SANDBOX_PROVIDER_PORT=str(provider_port))
         provider_url = f"http://127.0.0.1:{provider_port}"
-        provider.wait_ready(f"{provider_url}/readyz")
+        provider.ready_url = f"{provider_url}/readyz"
         relay = spawn("relay", **base, FATURA_RELAY_METRICS_PORT=str(free_port()))
-        edge = start_edge(spawn, workers=1, FATURA_AUTH_CACHE_SECONDS="0", **base)
+        edge = start_edge(spawn, workers=1, wait=False, FATURA_AUTH_CACHE_SECONDS="0", **base)
+        # Started together, each importing its modules at once; then each is waited for.
+        for process in (limiter, provider, edge):
+            process.wait_ready()
         pipeline = Pipeline(spawn, base, pool, edge, provider_url, relay, others=[limiter, provider])
         made.append((url, pool, pipeline))
         return pipeline

@@ -75,7 +75,8 @@ def spawn(base_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
     stop_all(started)
 
 
-def start_edge(spawn: SpawnFn, workers: int = 2, **env: str) -> ServiceProcess:
+def start_edge(spawn: SpawnFn, workers: int = 2, *, wait: bool = True, **env: str) -> ServiceProcess:
+    """The edge on ports of its own; ``wait=False`` returns at once (``wait_ready()`` later)."""
     # Every test talks to the edge from 127.0.0.1 and many send bad keys on purpose: the
     # failed-authentication throttle is off unless a test turns it on (test_keys does).
     env = {"FATURA_AUTH_FAILURE_LIMIT": "0", **env}
@@ -88,7 +89,9 @@ def start_edge(spawn: SpawnFn, workers: int = 2, **env: str) -> ServiceProcess:
         **env,
     )
     edge.base_url = f"http://127.0.0.1:{port}"
-    edge.wait_ready(f"{edge.base_url}/readyz")
+    edge.ready_url = f"{edge.base_url}/readyz"
+    if wait:
+        edge.wait_ready()
     return edge
 
 
