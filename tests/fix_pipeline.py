@@ -72,25 +72,48 @@ class Pipeline:
         stop_all([*self.workers, *self.schedulers, self.relay, self.edge])
         stop_all(self.others)
 
-    def start_worker(self, **env: str) -> ServiceProcess:
+    def start_worker(self, *, wait: bool = True, **env: str) -> ServiceProcess:
+        """An inference worker; ``wait=False`` returns at once (``wait_ready()`` later)."""
         port = free_port()
         worker = self.spawn(
             "inference-worker",
             **{**self.env, "FATURA_INFERENCE_METRICS_PORT": str(port), "FATURA_WORKER_ID": f"w{port}", **env},
         )
         worker.base_url = f"http://127.0.0.1:{port}"
-        worker.wait_ready(f"{worker.base_url}/readyz")
+        worker.ready_url = f"{worker.base_url}/readyz"
+        if wait:
+            worker.wait_ready()
         self.workers.append(worker)
         return worker
 
-    def start_scheduler(self, **env: str) -> ServiceProcess:
+    def start_scheduler(self, *, wait: bool = True, **env: str) -> ServiceProcess:
+        """An inference scheduler; ``wait=False`` returns at once (``wait_ready()`` later)."""
         port = free_port()
         scheduler = self.spawn(
             "inference-scheduler", **{**self.env, "FATURA_SCHEDULER_METRICS_PORT": str(port), **env}
         )
-        scheduler.wait_ready(f"http://127.0.0.1:{port}/readyz")
+        scheduler.ready_url = f"http://127.0.0.1:{port}/readyz"
+        if wait:
+            scheduler.wait_ready()
         self.schedulers.append(scheduler)
         return scheduler
+
+    def start_processing(self, *, delivery: bool = False) -> None:
+        """The inference scheduler and a worker and, with ``delivery``, the delivery worker and
+        scheduler (in ``others``): started together, then each waited for."""
+        started = [self.start_scheduler(wait=False), self.start_worker(wait=False)]
+        if delivery:
+            for name, port_variable in (
+                ("delivery-worker", "FATURA_DELIVERY_WORKER_METRICS_PORT"),
+                ("delivery-scheduler", "FATURA_DELIVERY_SCHEDULER_METRICS_PORT"),
+            ):
+                port = free_port()
+                process = self.spawn(name, **{**self.env, port_variable: str(port)})
+                process.ready_url = f"http://127.0.0.1:{port}/readyz"
+                self.others.append(process)
+                started.append(process)
+        for process in started:
+            process.wait_ready()
 
     def restart_relay(self, **env: str) -> ServiceProcess:
         """Replace the relay by one with extra settings (for example a fault point)."""

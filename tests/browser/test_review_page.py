@@ -26,7 +26,6 @@ from fix_db import TenantHandle
 from fix_delivery import DELIVERY_ENV, Erp, wait_for
 from fix_pipeline import TERMINAL, Pipeline, StartPipeline, sample_text
 from services.acceptance.keys import create_key
-from services.common.procs import free_port
 from services.edge import review_page
 from services.sandbox.erp.ledger import result_digest
 
@@ -39,16 +38,7 @@ BAD_ARITHMETIC = "06_review_bad_arithmetic_try.txt"  # states 1.316,80 where 1.0
 def pipe(pipeline_factory: StartPipeline) -> Pipeline:
     """The pipeline, with the delivery service sending its results to the ERP."""
     pipeline = pipeline_factory(**DELIVERY_ENV)
-    pipeline.start_scheduler()
-    pipeline.start_worker()
-    for name, port_setting in (
-        ("delivery-worker", "FATURA_DELIVERY_WORKER_METRICS_PORT"),
-        ("delivery-scheduler", "FATURA_DELIVERY_SCHEDULER_METRICS_PORT"),
-    ):
-        port = free_port()
-        process = pipeline.spawn(name, **{**pipeline.env, port_setting: str(port)})
-        process.wait_ready(f"http://127.0.0.1:{port}/readyz")
-        pipeline.others.append(process)
+    pipeline.start_processing(delivery=True)
     return pipeline
 
 

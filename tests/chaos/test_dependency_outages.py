@@ -82,8 +82,7 @@ def pipe(
     pipeline.others.append(limiter)
     pipeline.env = {**env, **proxied, "FATURA_LIMITER_ADDRESS": f"127.0.0.1:{port}"}
     pipeline.restart_relay()
-    pipeline.start_scheduler()
-    pipeline.start_worker()
+    pipeline.start_processing()
     return pipeline
 
 

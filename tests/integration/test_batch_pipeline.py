@@ -51,18 +51,9 @@ def erp(spawn: SpawnFn, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tu
 
 
 @pytest.fixture(scope="module")
-def pipe(pipeline_factory: StartPipeline, spawn: SpawnFn) -> Iterator[Pipeline]:
+def pipe(pipeline_factory: StartPipeline) -> Iterator[Pipeline]:
     pipeline = pipeline_factory(**DELIVERY_ENV)
-    pipeline.start_scheduler()
-    pipeline.start_worker()
-    for name, port_variable in (
-        ("delivery-worker", "FATURA_DELIVERY_WORKER_METRICS_PORT"),
-        ("delivery-scheduler", "FATURA_DELIVERY_SCHEDULER_METRICS_PORT"),
-    ):
-        port = free_port()
-        process = spawn(name, **{**pipeline.env, port_variable: str(port)})
-        process.wait_ready(f"http://127.0.0.1:{port}/readyz")
-        pipeline.others.append(process)
+    pipeline.start_processing(delivery=True)
     yield pipeline
 
 

@@ -25,8 +25,7 @@ from services.sandbox.samples import SAMPLES_DIR, load_samples
 @pytest.fixture(scope="module")
 def pipe(pipeline_factory: StartPipeline) -> Iterator[Pipeline]:
     pipeline = pipeline_factory()
-    pipeline.start_scheduler()
-    pipeline.start_worker()
+    pipeline.start_processing()
     yield pipeline
 
 

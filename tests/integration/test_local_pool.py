@@ -42,8 +42,7 @@ def pipe(pipeline_factory: StartPipeline) -> Iterator[Pipeline]:
         FATURA_SANDBOX_VLLM_BLOCK_SIZE=str(BLOCK_SIZE),
         FATURA_ATTEMPT_DEADLINE_SECONDS="30",
     )
-    pipeline.start_scheduler()
-    pipeline.start_worker()
+    pipeline.start_processing()
     yield pipeline
 
 

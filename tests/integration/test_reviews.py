@@ -20,8 +20,7 @@ from services.acceptance.keys import create_key
 @pytest.fixture(scope="module")
 def pipe(pipeline_factory: StartPipeline) -> Iterator[Pipeline]:
     pipeline = pipeline_factory()
-    pipeline.start_scheduler()
-    pipeline.start_worker()
+    pipeline.start_processing()
     yield pipeline
 
 

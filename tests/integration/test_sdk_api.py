@@ -31,8 +31,7 @@ def pipe(pipeline_factory: StartPipeline) -> Iterator[Pipeline]:
         FATURA_ATTEMPT_DEADLINE_SECONDS="60",
         FATURA_PROVIDER_HEADER_TIMEOUT_SECONDS="60",
     )
-    pipeline.start_scheduler()
-    pipeline.start_worker()
+    pipeline.start_processing()
     yield pipeline
 
 

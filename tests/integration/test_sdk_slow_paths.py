@@ -32,8 +32,6 @@ from fatura_sdk.agent import CHECK, SUBMIT, InvoiceTools
 from fatura_sdk.completions import Step
 from fix_db import TenantHandle
 from fix_pipeline import Pipeline, StartPipeline, sample_text
-from fix_processes import SpawnFn
-from services.common.procs import free_port
 
 SLOW = {
     # The provider is slowed per test by a fault; the attempt and the header wait outlast it.
@@ -50,18 +48,9 @@ NOT_AN_INVOICE = "Dear team, lunch is at noon on Friday.\n"
 
 
 @pytest.fixture(scope="module")
-def pipe(pipeline_factory: StartPipeline, spawn: SpawnFn) -> Iterator[Pipeline]:
+def pipe(pipeline_factory: StartPipeline) -> Iterator[Pipeline]:
     pipeline = pipeline_factory(**SLOW)
-    pipeline.start_scheduler()
-    pipeline.start_worker()
-    for name, port_variable in (
-        ("delivery-worker", "FATURA_DELIVERY_WORKER_METRICS_PORT"),
-        ("delivery-scheduler", "FATURA_DELIVERY_SCHEDULER_METRICS_PORT"),
-    ):
-        port = free_port()
-        process = spawn(name, **{**pipeline.env, port_variable: str(port)})
-        process.wait_ready(f"http://127.0.0.1:{port}/readyz")
-        pipeline.others.append(process)
+    pipeline.start_processing(delivery=True)
     yield pipeline
 
 
