@@ -67,8 +67,10 @@ class Pipeline:
     schedulers: list[ServiceProcess] = field(default_factory=list)
 
     def stop(self) -> None:
-        """End this pipeline's processes before its database goes away: the ones that use the
-        limiter and the provider together, then those two (each wave takes its slowest's time)."""
+        """End this pipeline's processes before its database goes away: its workers, schedulers,
+        relay and edge together, then ``others`` (the limiter and provider the first wave may still
+        call while it drains, and what a module added there, such as the delivery pair). Each wave
+        takes its slowest process's time."""
         stop_all([*self.workers, *self.schedulers, self.relay, self.edge])
         stop_all(self.others)
 
