@@ -205,6 +205,21 @@ def test_any_adjacent_transposition_fails(iban: str, data: st.DataObject) -> Non
     assert verdict.outcome == "model_error" or "iban_checksum" in codes(verdict)
 
 
+@PROPERTIES
+@given(iban=valid_ibans(), data=st.data())
+def test_an_iban_judged_again_gets_its_own_verdict_again(iban: str, data: st.DataObject) -> None:
+    # The ISO 13616 check is remembered per IBAN: judged in turn with a one-character substitution
+    # of itself, each keeps its own verdict.
+    index = data.draw(st.integers(4, len(iban) - 1))
+    kind = string.digits if iban[index].isdigit() else string.ascii_uppercase
+    changed = (
+        iban[:index] + data.draw(st.sampled_from([c for c in kind if c != iban[index]])) + iban[index + 1 :]
+    )
+    for _ in range(3):
+        assert codes(iban_verdict(iban)) == set()
+        assert "iban_checksum" in codes(iban_verdict(changed))
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
