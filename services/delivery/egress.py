@@ -16,6 +16,7 @@ import re
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import SplitResult, urlsplit
 
 from services.delivery.errors import EgressRefused, InvalidEndpoint
@@ -71,6 +72,13 @@ def parse_url(url: str) -> Target:
     """Check a URL as text; raises InvalidEndpoint with the reason."""
     if not isinstance(url, str) or not url or len(url) > MAX_URL_LENGTH:
         raise InvalidEndpoint(f"the url must be a string of 1 to {MAX_URL_LENGTH} characters")
+    return _parse_url(url)
+
+
+# A worker sends to the same few endpoints all day: each URL is parsed once. Bounded, so a stream of
+# distinct URLs only evicts; a refused URL raises and is not remembered.
+@lru_cache(maxsize=1024)
+def _parse_url(url: str) -> Target:
     if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
         raise InvalidEndpoint("the url must not contain spaces or control characters")
     try:
@@ -283,13 +291,20 @@ class EgressGuard:
             if not addresses:
                 raise HostNotResolved(f"the host {target.host!r} resolved to no address")
         # Every address must pass: DNS may hand out any of them, and one bad one is enough to probe.
-        for ip in addresses:
-            problem = address_problem(ip, self.allow)
+        verdicts = [_screen(ip, self.allow) for ip in addresses]
+        for problem, _ in verdicts:
             if problem is not None:
                 # Which address, and why, stays in our log: a client must not map our network.
                 log.warning("egress refused: %r: %s", target.host, problem)
                 raise EgressRefused(REFUSED_MESSAGE)
-        allow_listed_all = all(allow_listed(ip, self.allow) for ip in addresses)
+        allow_listed_all = all(listed for _, listed in verdicts)
         if target.scheme != "https" and not allow_listed_all:
             raise EgressRefused("plain http is allowed only to targets FATURA_EGRESS_ALLOW lists; use https")
         return Vetted(target, addresses[0], allow_listed_all)
+
+
+@lru_cache(maxsize=1024)
+def _screen(ip: IPAddress, allow: tuple[IPNetwork, ...]) -> tuple[str | None, bool]:
+    """``address_problem`` and ``allow_listed`` of one address, remembered: the host is resolved at
+    every attempt (a new DNS answer is checked), but the same address is judged once."""
+    return address_problem(ip, allow), allow_listed(ip, allow)

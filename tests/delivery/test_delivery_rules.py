@@ -379,6 +379,20 @@ def test_the_guard_connects_to_the_address_it_checked() -> None:
     assert vetted.target.host_header == "erp.example"
 
 
+def test_every_attempt_resolves_and_judges_again_under_its_own_guards_list() -> None:
+    # URLs and address verdicts are remembered; neither may outlive a new DNS answer or cross guards.
+    answers = iter([["93.184.216.34"], ["10.0.0.1"], ["93.184.216.34"]])
+    guard = EgressGuard((), resolver=lambda host, port: next(answers))
+    assert str(guard.vet("https://erp.example/hook").address) == "93.184.216.34"
+    with pytest.raises(EgressRefused):
+        guard.vet("https://erp.example/hook")
+    assert str(guard.vet("https://erp.example/hook").address) == "93.184.216.34"
+    for _ in range(2):
+        assert EgressGuard(parse_allow(["127.0.0.0/8"])).vet("http://127.0.0.1:8091/webhooks").allow_listed
+        with pytest.raises(EgressRefused):
+            EgressGuard(()).vet("http://127.0.0.1:8091/webhooks")
+
+
 def test_plain_http_is_allowed_only_to_allow_listed_targets() -> None:
     public = EgressGuard((), resolver=lambda host, port: ["93.184.216.34"])
     with pytest.raises(EgressRefused, match="https"):
