@@ -46,10 +46,16 @@ def queue_prefix() -> Iterator[str]:
 
 @dataclass(frozen=True)
 class Delivered:
-    message_id: str
+    """One event as a queue delivered it: a message of several events is one of these per event."""
+
+    message_id: str  # of the message that carried it (the event id when it came alone)
     actor_name: str
     event: dict[str, Any]
     raw: dict[str, Any]
+
+    @property
+    def event_id(self) -> str:
+        return str(self.event["event_id"])
 
 
 class QueueReader:
@@ -73,9 +79,9 @@ class QueueReader:
             if method is None:
                 return found
             message = json.loads(body)
-            found.append(
-                Delivered(message["message_id"], message["actor_name"], message["kwargs"]["event"], message)
-            )
+            kwargs = message["kwargs"]
+            for event in kwargs["events"] if "events" in kwargs else [kwargs["event"]]:
+                found.append(Delivered(message["message_id"], message["actor_name"], event, message))
             self.channel.basic_ack(method.delivery_tag)
 
     def close(self) -> None:

@@ -36,7 +36,8 @@ from services.acceptance.settings import EventSettings, RelaySettings
 from services.common import faults, readiness, tracing
 from services.common.broker import QuorumRabbitmqBroker, event_message, make_broker
 from services.common.db import connect, sync_pool
-from services.common.events import ROUTES, queue_name
+from services.common.event_batches import events_message, pack_id
+from services.common.events import ROUTES, Route, queue_name
 from services.common.failures import Failure, classify
 from services.common.ops_server import start_ops_server
 from services.common.queries import load_queries
@@ -96,9 +97,12 @@ class Relay:
         if not rows:
             return 0
         rows.sort(key=lambda r: r["created_at"])
-        # Every message of the batch leaves at once and their confirms are waited for together
-        # (QuorumRabbitmqBroker.publish_all): one confirm round trip per batch, not per message.
-        outgoing: list[tuple[dict[str, Any], list[dramatiq.Message[Any]]]] = []
+        # Each queue's share of the batch leaves in messages of up to events_per_message events
+        # (services/common/event_batches.py): a message costs RabbitMQ, this process and the
+        # consumer far more than an event in it. Every message leaves at once and their confirms
+        # are waited for together (QuorumRabbitmqBroker.publish_all): one round trip per batch.
+        routed: list[dict[str, Any]] = []
+        by_route: dict[Route, list[dict[str, Any]]] = {}
         for row in rows:
             if row["previous_claimer"] is not None:
                 CLAIMS_RECOVERED.inc()
@@ -113,16 +117,24 @@ class Relay:
                 # Keep the claim: the event is looked at again only after the claim timeout,
                 # instead of on every sweep.
                 continue
-            messages = [
-                event_message(
-                    queue_name(s.common.queue_prefix, route),
-                    route.actor,
-                    row["payload"],
-                    str(row["event_id"]),
-                )
-                for route in routes
-            ]
-            outgoing.append((row, messages))
+            routed.append(row)
+            for route in routes:
+                by_route.setdefault(route, []).append(row)
+        messages: list[dramatiq.Message[Any]] = []
+        packs: list[list[dict[str, Any]]] = []
+        for route, share in by_route.items():
+            queue = queue_name(s.common.queue_prefix, route)
+            for start in range(0, len(share), s.events_per_message):
+                pack = share[start : start + s.events_per_message]
+                if len(pack) == 1:
+                    message = event_message(queue, route.actor, pack[0]["payload"], str(pack[0]["event_id"]))
+                else:
+                    ids = [str(row["event_id"]) for row in pack]
+                    message = events_message(
+                        queue, route.actor, [row["payload"] for row in pack], pack_id(ids)
+                    )
+                messages.append(message)
+                packs.append(pack)
         published: list[uuid.UUID] = []
         unpublished: list[uuid.UUID] = []
         failed = False
@@ -132,19 +144,20 @@ class Relay:
                 tracing.valid(row["payload"].get(tracing.TRACEPARENT)),
                 {"messaging.message.id": str(row["event_id"]), "job_id": str(row["payload"].get("job_id"))},
             )
-            for row, _ in outgoing
+            for row in routed
         )
         with tracing.side_by_side(publishing, kind=tracing.SpanKind.PRODUCER):
             try:
-                taken = iter(self.broker.publish_all([m for _, messages in outgoing for m in messages]))
+                taken = self.broker.publish_all(messages)
             except BrokerConnectionError as exc:
                 PUBLISH_FAILURES.inc()
-                log.warning("publishing a batch of %d events failed, releasing it: %s", len(outgoing), exc)
+                log.warning("publishing a batch of %d events failed, releasing it: %s", len(routed), exc)
                 failed = True
-                taken = iter([False] * sum(len(messages) for _, messages in outgoing))
-        for row, messages in outgoing:
-            # An event is published once every queue it goes to confirmed its message.
-            if all([next(taken) for _ in messages]):
+                taken = [False] * len(messages)
+        # An event is published once every message carrying it (one per queue) was confirmed.
+        refused = {row["event_id"] for pack, ok in zip(packs, taken, strict=True) if not ok for row in pack}
+        for row in routed:
+            if row["event_id"] not in refused:
                 published.append(row["event_id"])
                 PUBLISHED.labels(row["event_type"]).inc()
             else:

@@ -7,6 +7,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from services.common.events import MAX_EVENTS_PER_MESSAGE
 from services.common.settings import CommonSettings, env_float, env_int, env_str
 
 MIB = 1024 * 1024
@@ -93,6 +94,9 @@ class AcceptanceSettings:
 class RelaySettings:
     common: CommonSettings = field(default_factory=CommonSettings)
     batch_size: int = 200
+    # Events of one claimed batch bound for the same queue share a message, up to this many
+    # (services/common/event_batches.py); 1 sends each event in a message of its own.
+    events_per_message: int = 16
     claim_timeout_seconds: float = 30.0
     sweep_interval_seconds: float = 1.0
     metrics_port: int = 9181
@@ -106,6 +110,9 @@ class RelaySettings:
         return cls(
             common=CommonSettings.from_env(env),
             batch_size=env_int(env, "FATURA_RELAY_BATCH_SIZE", 200, lo=1, hi=10_000),
+            events_per_message=env_int(
+                env, "FATURA_RELAY_EVENTS_PER_MESSAGE", 16, lo=1, hi=MAX_EVENTS_PER_MESSAGE
+            ),
             claim_timeout_seconds=env_float(env, "FATURA_RELAY_CLAIM_TIMEOUT_SECONDS", 30.0, lo=0.1, hi=3600),
             sweep_interval_seconds=env_float(env, "FATURA_RELAY_SWEEP_SECONDS", 1.0, lo=0.01, hi=600),
             metrics_port=env_int(env, "FATURA_RELAY_METRICS_PORT", 9181, lo=0, hi=65535),

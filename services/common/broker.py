@@ -111,6 +111,11 @@ class Redelivery(Retries):
             )
             message.options[_HOLD] = True
 
+    def record_poison(self, message: Any, exception: Poison) -> bool:
+        """Record ``message`` in ``dead_letters`` for ``exception``'s reason; whether it was recorded.
+        For one event of a message that carries several (``services.common.event_batches``)."""
+        return self._record(message, exception.reason, exception.detail)
+
     def _record(self, message: Any, reason: str, detail: str) -> bool:
         if self.dead_letter is None:
             log.error(

@@ -55,6 +55,10 @@ ROUTES: dict[str, tuple[Route, ...]] = {
 }
 
 
+# The most events one message may carry (services/common/event_batches.py).
+MAX_EVENTS_PER_MESSAGE = 64
+
+
 def queue_name(prefix: str, route: Route) -> str:
     return f"{prefix}.{route.queue}"
 

@@ -89,6 +89,25 @@ class GroupCommit(Generic[T, R]):
             raise entry.error
         return entry.result  # type: ignore[return-value]
 
+    def run_many(self, items: list[T]) -> list[R | BaseException]:
+        """Write several items (one message's events) at once: queued together, so they share the
+        next transaction(s). Returns each one's result or what failed it, in order; once closed,
+        every write fails as transient."""
+        entries: list[_Write[T, R]] = [_Write(item) for item in items]
+        with self._ready:
+            if self._stopping:
+                raise Unavailable(f"group commit {self._name} is closed")
+            self._queue.extend(entries)
+            self._ready.notify()
+        outcomes: list[R | BaseException] = []
+        for entry in entries:
+            while not entry.done.wait(_ALIVE_CHECK_SECONDS):
+                if not self._thread.is_alive():
+                    entry.error = Unavailable(f"group commit {self._name} stopped before writing")
+                    break
+            outcomes.append(entry.error if entry.error is not None else entry.result)  # type: ignore[arg-type]
+        return outcomes
+
     def close(self) -> None:
         """Write what is queued, then stop."""
         with self._ready:

@@ -21,7 +21,7 @@ from typing import Any
 
 import dramatiq
 
-from services.common import deadletters, events, faults, logs, readiness, tracing
+from services.common import deadletters, event_batches, events, faults, logs, readiness, tracing
 from services.common.broker import QuorumRabbitmqBroker, make_broker
 from services.common.db import SyncPool, sync_pool
 from services.common.failures import is_transient
@@ -37,6 +37,7 @@ from services.delivery.sender import Sender
 from services.delivery.settings import DeliverySettings
 
 log = logging.getLogger(__name__)
+INGEST_TYPES = events.event_types_for(events.DELIVERY_INGEST)
 
 
 def ingest_queue(prefix: str) -> str:
@@ -119,17 +120,15 @@ class DeliveryWorker:
         deliver = dramatiq.actor(actor_name="deliver", queue_name=self.deliver_queue, broker=self.broker)
         deliver(self.deliver)
 
-    def ingest(self, event: Any = None) -> None:
-        message = parse_event(event, events.event_types_for(events.DELIVERY_INGEST))
-        with (
-            tracing.span(
-                f"ingest {message.event_type}",
-                message.traceparent,
-                {"messaging.message.id": str(message.event_id), "job_id": str(message.job_id)},
-                kind=tracing.SpanKind.CONSUMER,
-            ),
-            logs.bound(job_id=message.job_id, tenant_id=message.tenant_id),
-        ):
+    def ingest(self, event: Any = None, events: Any = None) -> None:
+        """One event (``event``) or, from the relay, several (``events``; see
+        services/common/event_batches.py), each taken in by itself."""
+        several = event_batches.carried(event, events)
+        if several is not None:
+            self._ingest_all(event_batches.parse_all(self.broker, several, INGEST_TYPES))
+            return
+        message = parse_event(event, INGEST_TYPES)
+        with event_batches.consuming(message):
             self._ingest(message)
 
     def close(self) -> None:
@@ -145,6 +144,20 @@ class DeliveryWorker:
         # FATURA_DELIVERY_REWAKE_SECONDS.
         prefix = self.settings.common.queue_prefix
         self.wakeups.send([deliver_message(prefix, delivery_id) for delivery_id in woken])
+
+    def _ingest_all(self, messages: list[EventMessage]) -> None:
+        outcomes = self.inbox.run_many(messages) if messages else []
+        woken: list[uuid.UUID] = []
+
+        def taken_in(message: EventMessage, taken: tuple[Received, list[uuid.UUID]]) -> None:
+            with event_batches.consuming(message):
+                woken.extend(store.to_wake(message, taken))
+
+        try:
+            event_batches.settle(self.broker, messages, outcomes, taken_in)
+        finally:
+            prefix = self.settings.common.queue_prefix
+            self.wakeups.send([deliver_message(prefix, delivery_id) for delivery_id in woken])
 
     def deliver(self, delivery_id: Any = None) -> None:
         try:

@@ -1,13 +1,14 @@
 """The inference worker process (``fatura run inference-worker``): the ``ingest`` and ``run`` actors.
 
 ``ingest`` records each delivered event in the execution inbox, commits, and only then lets
-Dramatiq ack the message; a requested job also gets a wake-up. The Dramatiq threads' inbox writes
-share transactions (services/common/groupcommit.py): in a burst, one per group instead of one per
-event, with one statement for the group's requested events. ``run`` is a wake-up: it starts an
-execution slot and returns, so no broker delivery is held across a model call. What happens to a
-message whose handling failed is the ``Redelivery`` middleware's decision (services.common.broker):
-bad messages are dead-lettered with their reason, a message that met a dependency outage comes
-back with backoff.
+Dramatiq ack the message; a requested job also gets a wake-up. A message carries one event or,
+from the relay, several (services/common/event_batches.py), written together. The Dramatiq
+threads' inbox writes share transactions (services/common/groupcommit.py): in a burst, one per
+group instead of one per event, with one statement for the group's requested events. ``run`` is
+a wake-up: it starts an execution slot and returns, so no broker delivery is held across a model
+call. What happens to a message whose handling failed is the ``Redelivery`` middleware's decision
+(services.common.broker): bad messages are dead-lettered with their reason, a message that met a
+dependency outage comes back with backoff.
 
 A requested job's wake-up is a slot of this process that is free now, started at once with no
 message. When none is (the slots are busy, and each claims the next due job in its completion's
@@ -31,7 +32,7 @@ from typing import Any
 import dramatiq
 from pika.exceptions import AMQPError
 
-from services.common import deadletters, events, faults, inbox, logs, readiness, tracing
+from services.common import deadletters, event_batches, events, faults, inbox, readiness
 from services.common.broker import QuorumRabbitmqBroker, install, make_broker
 from services.common.db import sync_pool
 from services.common.groupcommit import GroupCommit
@@ -110,30 +111,39 @@ def declare_actors(
 
     run_actor = dramatiq.actor(actor_name="run", queue_name=run_queue, **options)(run)
 
-    def ingest(event: Any = None, **unexpected: Any) -> None:
+    def ingest(event: Any = None, events: Any = None, **unexpected: Any) -> None:
         if unexpected:
             raise BadMessage("malformed", f"unexpected arguments {sorted(unexpected)}")
+        several = event_batches.carried(event, events)
+        if several is not None:
+            _ingest_all(event_batches.parse_all(broker, several, INGEST_TYPES))
+            return
         parsed = parse_event(event, INGEST_TYPES)
-        with (
-            tracing.span(
-                f"ingest {parsed.event_type}",
-                parsed.traceparent,
-                {"job_id": str(parsed.job_id), "messaging.message.id": str(parsed.event_id)},
-                kind=tracing.SpanKind.CONSUMER,
-            ),
-            logs.bound(job_id=parsed.job_id, tenant_id=parsed.tenant_id),
-        ):
+        with event_batches.consuming(parsed):
             _ingest(parsed)
 
     def _ingest(parsed: EventMessage) -> None:
-        requested = parsed.event_type == events.EXTRACTION_REQUESTED
-        received, waits = group.run(parsed)
+        taken = group.run(parsed)
         faults.point(settings.common.faults, faults.CRASH_AFTER_INBOX_COMMIT)
+        _taken_in(parsed, taken)
+
+    def _ingest_all(parsed: list[EventMessage]) -> None:
+        """A message's several events: their inbox writes queued together, then each one's wake-up."""
+        outcomes = group.run_many(parsed) if parsed else []
+        faults.point(settings.common.faults, faults.CRASH_AFTER_INBOX_COMMIT)
+        event_batches.settle(broker, parsed, outcomes, _traced_taken_in)
+
+    def _traced_taken_in(parsed: EventMessage, taken: tuple[inbox.Received, bool]) -> None:
+        with event_batches.consuming(parsed):
+            _taken_in(parsed, taken)
+
+    def _taken_in(parsed: EventMessage, taken: tuple[inbox.Received, bool]) -> None:
+        received, waits = taken
         if received is inbox.Received.QUARANTINED:
             raise inbox.conflict(parsed)
         if waits:
             _wake(parsed)
-        elif received is inbox.Received.NEW and requested:
+        elif received is inbox.Received.NEW and parsed.event_type == events.EXTRACTION_REQUESTED:
             metrics.INGEST_WAKEUPS.labels("already_claimed").inc()
 
     def _wake(parsed: EventMessage) -> None:

@@ -27,6 +27,7 @@ from fix_db import MakeTenant, SyncPool, TenantHandle
 from fix_processes import ServiceProcess, SpawnFn, start_edge
 from services.common import events
 from services.common.broker import QuorumRabbitmqBroker, make_broker
+from services.common.event_batches import events_message
 from services.common.keyring import DEVELOPMENT_KEY, Keyring
 from services.common.procs import free_port, stop_all
 from services.common.settings import CommonSettings
@@ -248,6 +249,10 @@ class Jobs:
         if publish:
             self.publish(event)
         return event
+
+    def publish_together(self, events: list[dict[str, Any]], message_id: str) -> None:
+        """Several events in one message, as the relay packs a batch's events for one queue."""
+        self.broker.enqueue(events_message(f"{self.prefix}.delivery.ingest", "ingest", events, message_id))
 
     def publish(self, event: dict[str, Any], message_id: str | None = None) -> None:
         """Exactly what the relay sends for a completion event."""

@@ -374,6 +374,46 @@ def test_a_bad_message_is_dead_lettered_with_its_reason_and_changes_nothing(
     assert worker.alive()
 
 
+def test_a_message_of_several_events_delivers_the_good_one_and_dead_letters_each_bad_one_alone(
+    worker: ServiceProcess,
+    jobs: Jobs,
+    pool: SyncPool,
+    queue_prefix: str,
+    register: RegisterFn,
+    erp: Erp,
+    dclient: httpx.Client,
+) -> None:
+    # Given a completion, one that misstates its job, and one that is malformed, in one message
+    endpoint = register(erp.webhook_url)
+    job_id = jobs.submit(endpoint.tenant)
+    real = jobs.complete(endpoint.tenant, job_id, publish=False)
+    liar_id, bad_id = str(uuid.uuid4()), f"not-a-uuid-{uuid.uuid4().hex[:8]}"
+    liar = {**real, "event_id": liar_id, "state": "FAILED_TERMINAL", "event_type": "extraction.failed.v1"}
+    bad = {"event_type": "extraction.completed.v1", "event_id": bad_id}
+    pack_id = str(uuid.uuid4())
+    jobs.publish_together([liar, real, bad], pack_id)
+
+    def refusals() -> dict[str, Any]:
+        with pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT message_id, reason, message FROM dead_letters"
+                " WHERE queue = %s AND message_id = ANY(%s)",
+                (f"{queue_prefix}.delivery.ingest", [liar_id, bad_id, pack_id]),
+            ).fetchall()
+        return {r["message_id"]: r for r in rows}
+
+    # Then the good one is delivered once, and each bad one is a dead letter of its own
+    assert settled(dclient, endpoint.tenant, job_id)["state"] == "delivered"
+    assert _applied(erp, job_id)["effects"] == 1
+    found = wait_for(lambda: len(refusals()) == 2 and refusals(), 10, "two refusals")
+    assert {key: row["reason"] for key, row in found.items()} == {
+        liar_id: "state_mismatch",
+        bad_id: "malformed",
+    }
+    assert found[liar_id]["message"]["kwargs"] == {"event": liar}
+    assert worker.alive()
+
+
 def _park_other_deliveries(pool: SyncPool, tenant_id: uuid.UUID) -> None:
     """Put every other tenant's unfinished delivery an hour away."""
     with pool.connection() as conn:

@@ -63,7 +63,7 @@ def test_a_dead_letter_redriven_with_the_cli_is_published_by_the_scheduler_and_i
     )
     pipe.start_worker()
     time.sleep(1.0)
-    assert _inbox_row(pipe, refused.message_id) is None
+    assert _inbox_row(pipe, refused.event_id) is None
     assert pipe.job(job_id)["state"] == "READY"
 
     # When an operator redrives it (and waits) while no scheduler runs yet, then one starts
@@ -91,9 +91,9 @@ def test_a_dead_letter_redriven_with_the_cli_is_published_by_the_scheduler_and_i
     letter = dead_letter_row(pipe.pool, dead_letter_id)
     assert letter["redriven_at"] is not None and letter["redrive_count"] == 1
     deadline = time.monotonic() + 30
-    while _inbox_row(pipe, refused.message_id) is None and time.monotonic() < deadline:
+    while _inbox_row(pipe, refused.event_id) is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _inbox_row(pipe, refused.message_id) is not None
+    assert _inbox_row(pipe, refused.event_id) is not None
     assert pipe.wait_state(job_id, TERMINAL)["state"] == "SUCCEEDED"
 
     # And redriving it again changes nothing

@@ -165,6 +165,36 @@ def test_a_write_after_close_fails_as_transient_so_its_message_comes_back(pool: 
     assert sorted(_rows(pool, table)) == [1]
 
 
+def test_several_writes_of_one_message_each_get_their_own_outcome_in_order(
+    pool: SyncPool, table: str
+) -> None:
+    # Given one message's four writes, the third of which PostgreSQL refuses
+    def write(conn: psycopg.Connection[Any], item: int) -> int:
+        row = conn.execute(
+            f"INSERT INTO {table} (item, txid) VALUES (%s, txid_current() / %s) RETURNING txid",
+            (item, 0 if item == 3 else 1),
+        ).fetchone()
+        assert row is not None
+        return int(row["txid"])
+
+    group: GroupCommit[int, int] = GroupCommit(pool, write, name="test")
+    try:
+        # When they are written at once
+        outcomes = group.run_many([1, 2, 3, 4])
+    finally:
+        group.close()
+    # Then the bad one's outcome is PostgreSQL's error, and the others are durable, in order
+    assert isinstance(outcomes[2], psycopg.errors.DivisionByZero)
+    written = _rows(pool, table)
+    assert sorted(written) == [1, 2, 4]
+    assert [outcomes[i] for i in (0, 1, 3)] == [written[1], written[2], written[4]]
+    # And after close, a message's writes are refused as transient, none written
+    with pytest.raises(Exception) as refused:
+        group.run_many([5, 6])
+    assert is_transient(refused.value)
+    assert sorted(_rows(pool, table)) == [1, 2, 4]
+
+
 @pytest.fixture(scope="module")
 def pipe(pipeline_factory: StartPipeline) -> Iterator[Pipeline]:
     yield pipeline_factory()

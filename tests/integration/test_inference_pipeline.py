@@ -174,6 +174,104 @@ def test_an_event_id_seen_again_with_another_payload_is_quarantined_not_applied(
     assert letter is not None and letter["reason"] == "digest_conflict"
 
 
+def _publish_message(queue: str, kwargs: dict[str, object], message_id: str) -> None:
+    message = {
+        "queue_name": queue,
+        "actor_name": "ingest",
+        "args": [],
+        "kwargs": kwargs,
+        "options": {},
+        "message_id": message_id,
+        "message_timestamp": int(time.time() * 1000),
+    }
+    _publish_raw(queue, json.dumps(message).encode())
+
+
+def _dead_letters(
+    pipe: Pipeline, message_ids: list[str], timeout: float = 20.0
+) -> dict[str, dict[str, object]]:
+    deadline = time.monotonic() + timeout
+    found: dict[str, dict[str, object]] = {}
+    while time.monotonic() < deadline and len(found) < len(message_ids):
+        with pipe.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT * FROM dead_letters WHERE message_id = ANY(%s)", (message_ids,)
+            ).fetchall()
+        found = {str(row["message_id"]): dict(row) for row in rows}
+        time.sleep(0.1)
+    return found
+
+
+def test_a_message_of_several_events_takes_each_in_and_dead_letters_only_the_bad_ones_alone(
+    pipe: Pipeline,
+) -> None:
+    # Given two finished jobs; B's event is forgotten by the inbox, so it is new again
+    tenant = pipe.make_tenant()
+    job_a = pipe.submit(tenant, load_samples()[0].text)
+    job_b = pipe.submit(tenant, load_samples()[1].text)
+    pipe.wait_state(job_a, TERMINAL)
+    pipe.wait_state(job_b, TERMINAL)
+    event_a, event_b = _requested_event(pipe, job_a), _requested_event(pipe, job_b)
+    with pipe.pool.connection() as conn:
+        conn.execute("DELETE FROM execution_inbox WHERE event_id = %s", (event_b["event_id"],))
+    unknown_id = str(uuid.uuid4())
+    forged = {**event_a, "state_version": 7}
+    # When one message carries A again, B, an event of a type nobody reads, and A forged
+    queue = f"{pipe.env['FATURA_QUEUE_PREFIX']}.inference.ingest"
+    pack_id = str(uuid.uuid4())
+    events = [event_a, event_b, {"event_type": "invoice.paid.v1", "event_id": unknown_id}, forged]
+    _publish_message(queue, {"events": events}, pack_id)
+    # Then the two bad events are dead letters of their own, each as the message it would have been
+    letters = _dead_letters(pipe, [unknown_id, str(event_a["event_id"])])
+    assert {key: row["reason"] for key, row in letters.items()} == {
+        unknown_id: "unknown_type",
+        str(event_a["event_id"]): "digest_conflict",
+    }
+    assert letters[unknown_id]["message"]["kwargs"] == {"event": events[2]}  # type: ignore[index]
+    assert letters[str(event_a["event_id"])]["message"]["kwargs"] == {"event": forged}  # type: ignore[index]
+    # And B was taken in again, A counted once, neither job ran again, and the message itself is no
+    # dead letter
+    deadline = time.monotonic() + 10
+    with pipe.pool.connection() as conn:
+        while time.monotonic() < deadline:
+            taken = conn.execute(
+                "SELECT count(*) AS n FROM execution_inbox WHERE event_id = %s", (event_b["event_id"],)
+            ).fetchone()
+            if taken is not None and taken["n"] == 1:
+                break
+            time.sleep(0.1)
+        assert taken is not None and taken["n"] == 1
+        rows = conn.execute(
+            "SELECT count(*) AS n FROM execution_inbox WHERE job_id = %s", (job_a,)
+        ).fetchone()
+        assert rows is not None and rows["n"] == 1
+        whole = conn.execute(
+            "SELECT count(*) AS n FROM dead_letters WHERE message_id = %s", (pack_id,)
+        ).fetchone()
+        assert whole is not None and whole["n"] == 0
+    assert pipe.job(job_a)["attempt"] == 1 and pipe.job(job_b)["attempt"] == 1
+    assert len(pipe.attempts(job_a)) == 1 and len(pipe.attempts(job_b)) == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"events": []},
+        {"events": "not a list"},
+        {"events": [{"event_type": "invoice.paid.v1"}] * 65},
+        {"event": {"event_type": "invoice.paid.v1"}, "events": [{"event_type": "invoice.paid.v1"}]},
+    ],
+)
+def test_a_message_whose_events_cannot_be_read_is_dead_lettered_whole(
+    pipe: Pipeline, kwargs: dict[str, object]
+) -> None:
+    queue = f"{pipe.env['FATURA_QUEUE_PREFIX']}.inference.ingest"
+    message_id = str(uuid.uuid4())
+    _publish_message(queue, kwargs, message_id)
+    letters = _dead_letters(pipe, [message_id])
+    assert letters[message_id]["reason"] == "malformed"
+
+
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
@@ -204,16 +302,7 @@ def test_a_bad_broker_message_is_dead_lettered_with_its_reason_and_the_worker_go
 ) -> None:
     queue = f"{pipe.env['FATURA_QUEUE_PREFIX']}.inference.ingest"
     message_id = str(uuid.uuid4())
-    message = {
-        "queue_name": queue,
-        "actor_name": "ingest",
-        "args": [],
-        "kwargs": body,
-        "options": {},
-        "message_id": message_id,
-        "message_timestamp": int(time.time() * 1000),
-    }
-    _publish_raw(queue, json.dumps(message).encode())
+    _publish_message(queue, body, message_id)
     deadline = time.monotonic() + 20
     row = None
     while time.monotonic() < deadline and row is None:

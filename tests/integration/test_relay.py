@@ -68,8 +68,18 @@ def _wait_published(pool: SyncPool, tenant: TenantHandle, timeout: float = 30.0)
     raise AssertionError("the relay did not publish every event in time")
 
 
+def _submit_many(client: httpx.Client, tenant: TenantHandle, count: int, key: str) -> None:
+    for i in range(count):
+        reply = client.post(
+            "/v1/extraction-jobs",
+            json={"document": {"text": f"invoice {i}"}},
+            headers={**tenant.headers, "Idempotency-Key": f"{key}-{i}"},
+        )
+        assert reply.status_code == 202
+
+
 def _ours(messages: list[Delivered], ids: set[str]) -> list[Delivered]:
-    return [m for m in messages if m.message_id in ids]
+    return [m for m in messages if m.event_id in ids]
 
 
 def test_the_relay_publishes_each_committed_event_and_then_marks_it(
@@ -86,7 +96,7 @@ def test_the_relay_publishes_each_committed_event_and_then_marks_it(
 
     ids = _event_ids(pool, tenant)
     delivered = _ours(inference_queue.drain(), ids)
-    assert [m.message_id for m in delivered] == list(ids)
+    assert [m.event_id for m in delivered] == list(ids)
     message = delivered[0]
     assert message.actor_name == "ingest"
     assert message.event["job_id"] == job_id
@@ -118,13 +128,13 @@ def test_a_relay_killed_between_confirm_and_published_at_publishes_again_and_los
         ).fetchone()
     assert row is not None and row["published_at"] is None and row["claimed_by"] == "relay-0"
     first_copy = _ours(inference_queue.drain(), ids)
-    assert [m.message_id for m in first_copy] == list(ids)
+    assert [m.event_id for m in first_copy] == list(ids)
 
     start_relay(FATURA_RELAY_CLAIM_TIMEOUT_SECONDS="1")
     _wait_published(pool, tenant)
 
     second_copy = _ours(inference_queue.drain(), ids)
-    assert [m.message_id for m in second_copy] == list(ids)
+    assert [m.event_id for m in second_copy] == list(ids)
     assert second_copy[0].event == first_copy[0].event
     with pool.connection() as conn:
         row = conn.execute(
@@ -142,22 +152,42 @@ def test_two_relays_at_once_publish_every_event_exactly_once(
 ) -> None:
     start_relay(FATURA_RELAY_BATCH_SIZE="7")
     start_relay(FATURA_RELAY_BATCH_SIZE="7")
-    for i in range(150):
-        reply = client.post(
-            "/v1/extraction-jobs",
-            json={"document": {"text": f"invoice {i}"}},
-            headers={**tenant.headers, "Idempotency-Key": f"two-relays-{i}"},
-        )
-        assert reply.status_code == 202
+    _submit_many(client, tenant, 150, "two-relays")
 
     _wait_published(pool, tenant)
 
     ids = _event_ids(pool, tenant)
     assert len(ids) == 150
     delivered = _ours(inference_queue.drain(), ids)
-    counts = Counter(m.message_id for m in delivered)
+    counts = Counter(m.event_id for m in delivered)
     assert set(counts) == ids
     assert max(counts.values()) == 1
+
+
+@pytest.mark.parametrize(("per_message", "sizes"), [("16", [16, 16, 8]), ("1", [1] * 40)])
+def test_a_batch_leaves_in_messages_of_at_most_events_per_message_each_event_once(
+    start_relay: StartRelay,
+    client: httpx.Client,
+    tenant: TenantHandle,
+    pool: SyncPool,
+    inference_queue: QueueReader,
+    per_message: str,
+    sizes: list[int],
+) -> None:
+    # Given 40 committed events before any relay runs (so one claim takes them all)
+    _submit_many(client, tenant, 40, f"packed-{per_message}")
+    # When a relay publishes them
+    start_relay(FATURA_RELAY_EVENTS_PER_MESSAGE=per_message)
+    _wait_published(pool, tenant)
+    # Then each arrives once, in messages of at most that many events
+    ids = _event_ids(pool, tenant)
+    delivered = _ours(inference_queue.drain(), ids)
+    assert Counter(m.event_id for m in delivered) == Counter(ids)
+    by_message = Counter(m.message_id for m in delivered)
+    assert sorted(by_message.values(), reverse=True) == sizes
+    for m in delivered:
+        alone = m.message_id == m.event_id
+        assert ("event" in m.raw["kwargs"]) is alone and ("events" in m.raw["kwargs"]) is not alone
 
 
 def test_an_event_type_nobody_consumes_is_never_marked_published(

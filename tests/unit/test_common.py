@@ -32,6 +32,7 @@ def test_settings_come_from_fatura_variables_with_defaults() -> None:
         {"FATURA_LOG_LEVEL": "LOUD"},
         {"FATURA_QUEUE_PREFIX": "a b"},
         {"FATURA_RELAY_BATCH_SIZE": "0"},
+        {"FATURA_RELAY_EVENTS_PER_MESSAGE": "65"},
     ],
 )
 def test_a_bad_setting_fails_fast_naming_the_variable(env: dict[str, str]) -> None:
