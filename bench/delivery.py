@@ -34,7 +34,8 @@ from services.common.procs import free_port
 from services.delivery import payload, signing
 from services.delivery.endpoints import register_endpoint
 from services.delivery.settings import DeliverySettings
-from services.delivery.worker import deliver_message
+from services.delivery.store import Wake
+from services.delivery.worker import wakeup_messages
 
 GOAL_RATIO = 0.5
 DELIVERED = "SELECT count(*) FROM deliveries WHERE state = 'delivered' AND job_id IS NOT NULL"
@@ -178,9 +179,10 @@ def run(args: argparse.Namespace) -> int:
                     ],
                 )
             broker = make_broker(stack.common)
-            wakeups = [
-                deliver_message(stack.prefix, signing.delivery_id(e, endpoint_id)) for e, _, _ in events
-            ]
+            # As the ingest and the scheduler send them: one endpoint's deliveries share wake-ups,
+            # as many to one as a sender's batch takes.
+            woken = [Wake(signing.delivery_id(e, endpoint_id), endpoint_id) for e, _, _ in events]
+            wakeups = wakeup_messages(stack.prefix, woken, settings.batch_size)
             for start in range(0, len(wakeups), 256):
                 if not all(broker.publish_all(wakeups[start : start + 256])):
                     raise SystemExit("RabbitMQ did not take every wake-up; see its log")

@@ -19,7 +19,7 @@ POST_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 LEASES_EXPIRED = Counter("fatura_delivery_leases_expired_total", "Claims of dead senders taken back")
-WAKEUPS = Counter("fatura_delivery_wakeups_total", "Wake-ups sent by the scheduler")
+WAKEUPS = Counter("fatura_delivery_wakeups_total", "Deliveries the scheduler sent wake-ups for")
 BATCH_GIVEN_BACK = Counter(
     "fatura_delivery_batch_given_back_total",
     "Claimed deliveries a batch gave back unsent because its send window closed (a slow receiver)",

@@ -28,7 +28,8 @@ from services.common.worker import stop_on_signals
 from services.delivery import metrics, payload
 from services.delivery.outcomes import MAX_ATTEMPTS
 from services.delivery.settings import DeliverySettings
-from services.delivery.worker import deliver_message, deliver_queue, ingest_queue
+from services.delivery.store import Wake
+from services.delivery.worker import deliver_queue, ingest_queue, wakeup_messages
 
 log = logging.getLogger(__name__)
 Q = load_queries(Path(__file__).with_name("sql") / "delivery.sql")
@@ -50,15 +51,22 @@ def tick(pool: Any, broker: QuorumRabbitmqBroker, settings: DeliverySettings) ->
             Q["due_wakeups"], {"rewake_seconds": settings.rewake_seconds, "limit": BATCH}
         ).fetchall()
     # Marked woken before publishing: a wake-up RabbitMQ did not take is sent again after
-    # rewake_seconds. They leave together, with one wait for their confirms.
-    taken = broker.publish_all(
-        [deliver_message(settings.common.queue_prefix, row["delivery_id"]) for row in due]
+    # rewake_seconds. They leave together, with one wait for their confirms; one endpoint's
+    # deliveries share wake-ups, as many to one as a sender's batch takes.
+    messages = wakeup_messages(
+        settings.common.queue_prefix,
+        (Wake(row["delivery_id"], row["endpoint_id"]) for row in due),
+        settings.batch_size,
     )
-    if not all(taken):
+    taken = broker.publish_all(messages)
+    woken = sum(len(message.args) for message, ok in zip(messages, taken, strict=True) if ok)
+    if woken < len(due):
         log.warning(
-            "RabbitMQ did not take %d of %d wake-ups; they are sent again later", taken.count(False), len(due)
+            "RabbitMQ did not take the wake-ups of %d of %d deliveries; sent again later",
+            len(due) - woken,
+            len(due),
         )
-    metrics.WAKEUPS.inc(taken.count(True))
+    metrics.WAKEUPS.inc(woken)
     rewoken = sum(1 for row in due if row["rewoken"])
     if rewoken:
         reconcile.count("delivery_wakeup", rewoken)

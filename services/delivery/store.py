@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg import Connection
 from psycopg.rows import DictRow
@@ -34,7 +34,14 @@ Q = load_queries(Path(__file__).with_name("sql") / "delivery.sql")
 UNREADABLE_SECRET_WAIT_SECONDS = 60.0
 
 
-def ingest(pool: ConnectionPool[Any], event: EventMessage) -> list[uuid.UUID]:
+class Wake(NamedTuple):
+    """A delivery to wake, with its endpoint: one wake-up may carry several of one endpoint's."""
+
+    delivery_id: uuid.UUID
+    endpoint_id: uuid.UUID
+
+
+def ingest(pool: ConnectionPool[Any], event: EventMessage) -> list[Wake]:
     """Take the event in (the inbox protocol) and create one delivery per matching endpoint in the
     same transaction; returns those to wake.
 
@@ -47,7 +54,7 @@ def ingest(pool: ConnectionPool[Any], event: EventMessage) -> list[uuid.UUID]:
     return to_wake(event, taken)
 
 
-def take_in(conn: Connection[DictRow], event: EventMessage) -> tuple[inbox.Received, list[uuid.UUID]]:
+def take_in(conn: Connection[DictRow], event: EventMessage) -> tuple[inbox.Received, list[Wake]]:
     """``ingest``'s write, inside the caller's open transaction (the worker's group commit shares
     one among several events): the inbox, and the deliveries of a new event."""
     received = inbox.take(conn, inbox.DELIVERY, event)
@@ -56,7 +63,7 @@ def take_in(conn: Connection[DictRow], event: EventMessage) -> tuple[inbox.Recei
     return received, []
 
 
-def to_wake(event: EventMessage, taken: tuple[inbox.Received, list[uuid.UUID]]) -> list[uuid.UUID]:
+def to_wake(event: EventMessage, taken: tuple[inbox.Received, list[Wake]]) -> list[Wake]:
     """The deliveries to wake once ``take_in``'s transaction committed; a quarantined event (its
     quarantine committed) is refused as poison."""
     received, woken = taken
@@ -65,7 +72,7 @@ def to_wake(event: EventMessage, taken: tuple[inbox.Received, list[uuid.UUID]]) 
     return woken
 
 
-def _create_deliveries(conn: Connection[DictRow], event: EventMessage) -> list[uuid.UUID]:
+def _create_deliveries(conn: Connection[DictRow], event: EventMessage) -> list[Wake]:
     """The deliveries of a newly taken-in event, one per matching endpoint, inside its transaction."""
     if event.job_id is None:
         body = _batch_body(conn, event)
@@ -122,9 +129,9 @@ def _job_body(conn: Connection[DictRow], event: EventMessage, job_id: uuid.UUID)
     )
 
 
-def _insert_deliveries(conn: Connection[DictRow], event: EventMessage, body: bytes) -> list[uuid.UUID]:
+def _insert_deliveries(conn: Connection[DictRow], event: EventMessage, body: bytes) -> list[Wake]:
     """One delivery of ``body`` per endpoint that takes the event's type; returns those to wake."""
-    woken: list[uuid.UUID] = []
+    woken: list[Wake] = []
     endpoints = conn.execute(
         Q["matching_endpoints"], {"tenant_id": event.tenant_id, "event_type": event.event_type}
     ).fetchall()
@@ -146,7 +153,7 @@ def _insert_deliveries(conn: Connection[DictRow], event: EventMessage, body: byt
             },
         ).fetchone()
         if created is not None and created["state"] == "pending":
-            woken.append(created["delivery_id"])
+            woken.append(Wake(created["delivery_id"], endpoint["id"]))
     metrics.DELIVERIES_CREATED.inc(len(endpoints))
     return woken
 

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
@@ -48,14 +48,35 @@ def deliver_queue(prefix: str) -> str:
     return events.queue_name(prefix, events.DELIVERY_DELIVER)
 
 
-def deliver_message(prefix: str, delivery_id: uuid.UUID) -> dramatiq.Message[Any]:
+# The most deliveries one wake-up names (FATURA_DELIVERY_BATCH_SIZE's ceiling).
+MAX_WAKE_IDS = 64
+
+
+def deliver_message(prefix: str, *delivery_ids: uuid.UUID) -> dramatiq.Message[Any]:
+    """A wake-up for one delivery or, in turn, for several of one endpoint's."""
     return dramatiq.Message(
         queue_name=deliver_queue(prefix),
         actor_name="deliver",
-        args=(str(delivery_id),),
+        args=tuple(str(delivery_id) for delivery_id in delivery_ids),
         kwargs={},
         options={},
     )
+
+
+def wakeup_messages(
+    prefix: str, woken: Iterable[store.Wake], per_message: int
+) -> list[dramatiq.Message[Any]]:
+    """The wake-ups of ``woken``: one per endpoint for up to ``per_message`` of its deliveries (a
+    batch's claim takes that many of one endpoint's due deliveries at once, so the others' wake-ups
+    would find them taken), never one endpoint's with another's, so a slow receiver delays no other."""
+    by_endpoint: dict[uuid.UUID, list[uuid.UUID]] = {}
+    for wake in woken:
+        by_endpoint.setdefault(wake.endpoint_id, []).append(wake.delivery_id)
+    return [
+        deliver_message(prefix, *ids[start : start + per_message])
+        for ids in by_endpoint.values()
+        for start in range(0, len(ids), per_message)
+    ]
 
 
 class TakenInBatches:
@@ -105,7 +126,7 @@ class DeliveryWorker:
         self.sender = sender
         self.taken = TakenInBatches()
         # The ingest threads' inbox writes share transactions (services/common/groupcommit.py).
-        self.inbox: GroupCommit[EventMessage, tuple[Received, list[uuid.UUID]]] = GroupCommit(
+        self.inbox: GroupCommit[EventMessage, tuple[Received, list[store.Wake]]] = GroupCommit(
             pool, store.take_in, name="delivery_inbox"
         )
         self.wakeups = WakeupPublisher(broker, "delivery-wakeups")
@@ -142,30 +163,42 @@ class DeliveryWorker:
         # The deliveries are committed: their wake-ups leave with the other ingest threads' (one
         # confirm round trip for all), and one that is lost is sent by the scheduler after
         # FATURA_DELIVERY_REWAKE_SECONDS.
-        prefix = self.settings.common.queue_prefix
-        self.wakeups.send([deliver_message(prefix, delivery_id) for delivery_id in woken])
+        self._wake(woken)
+
+    def _wake(self, woken: list[store.Wake]) -> None:
+        prefix, per_message = self.settings.common.queue_prefix, self.settings.batch_size
+        self.wakeups.send(wakeup_messages(prefix, woken, per_message))
 
     def _ingest_all(self, messages: list[EventMessage]) -> None:
         outcomes = self.inbox.run_many(messages) if messages else []
-        woken: list[uuid.UUID] = []
+        woken: list[store.Wake] = []
 
-        def taken_in(message: EventMessage, taken: tuple[Received, list[uuid.UUID]]) -> None:
+        def taken_in(message: EventMessage, taken: tuple[Received, list[store.Wake]]) -> None:
             with event_batches.consuming(message):
                 woken.extend(store.to_wake(message, taken))
 
         try:
             event_batches.settle(self.broker, messages, outcomes, taken_in)
         finally:
-            prefix = self.settings.common.queue_prefix
-            self.wakeups.send([deliver_message(prefix, delivery_id) for delivery_id in woken])
+            self._wake(woken)
 
-    def deliver(self, delivery_id: Any = None) -> None:
-        try:
-            parsed = uuid.UUID(str(delivery_id))
-        except ValueError:
-            raise BadMessage("malformed", f"delivery_id is not a UUID: {str(delivery_id)[:64]!r}") from None
-        with logs.bound(delivery_id=parsed):
-            self.deliver_one(parsed)
+    def deliver(self, *delivery_ids: Any) -> None:
+        """A wake-up: each delivery it names in turn (one endpoint's, see ``wakeup_messages``)."""
+        if not 1 <= len(delivery_ids) <= MAX_WAKE_IDS:
+            raise BadMessage(
+                "malformed", f"a wake-up names 1 to {MAX_WAKE_IDS} deliveries, not {len(delivery_ids)}"
+            )
+        parsed: list[uuid.UUID] = []
+        for delivery_id in delivery_ids:
+            try:
+                parsed.append(uuid.UUID(str(delivery_id)))
+            except ValueError:
+                raise BadMessage(
+                    "malformed", f"delivery_id is not a UUID: {str(delivery_id)[:64]!r}"
+                ) from None
+        for one in parsed:
+            with logs.bound(delivery_id=one):
+                self.deliver_one(one)
 
     def deliver_one(self, delivery_id: uuid.UUID) -> bool:
         """Attempt the delivery if it is due and its endpoint can take it, with up to

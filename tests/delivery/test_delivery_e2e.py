@@ -9,6 +9,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+import dramatiq
 import httpx
 import pytest
 import standardwebhooks
@@ -411,6 +412,47 @@ def test_a_message_of_several_events_delivers_the_good_one_and_dead_letters_each
         bad_id: "malformed",
     }
     assert found[liar_id]["message"]["kwargs"] == {"event": liar}
+    assert worker.alive()
+
+
+def test_one_message_of_five_completions_delivers_each_once_through_shared_wake_ups(
+    worker: ServiceProcess, jobs: Jobs, register: RegisterFn, erp: Erp, dclient: httpx.Client
+) -> None:
+    # Given five jobs of one endpoint completed together (one relay message, so one wake-up)
+    endpoint = register(erp.webhook_url)
+    job_ids = [jobs.submit(endpoint.tenant) for _ in range(5)]
+    done = [jobs.complete(endpoint.tenant, job_id, publish=False) for job_id in job_ids]
+    jobs.publish_together(done, str(uuid.uuid4()))
+    # Then the ERP applies each exactly once
+    for job_id in job_ids:
+        assert settled(dclient, endpoint.tenant, job_id)["state"] == "delivered"
+        assert _applied(erp, job_id)["effects"] == 1
+
+
+@pytest.mark.parametrize("args", [(), ("not-a-uuid",), tuple(str(uuid.uuid4()) for _ in range(65))])
+def test_a_wake_up_naming_no_delivery_a_bad_one_or_too_many_is_dead_lettered(
+    worker: ServiceProcess, jobs: Jobs, pool: SyncPool, queue_prefix: str, args: tuple[str, ...]
+) -> None:
+    message_id = str(uuid.uuid4())
+    jobs.broker.enqueue(
+        dramatiq.Message(
+            queue_name=f"{queue_prefix}.delivery.deliver",
+            actor_name="deliver",
+            args=args,
+            kwargs={},
+            options={},
+            message_id=message_id,
+        )
+    )
+
+    def refusal() -> str | None:
+        with pool.connection() as conn:
+            row = conn.execute(
+                "SELECT reason FROM dead_letters WHERE message_id = %s", (message_id,)
+            ).fetchone()
+        return None if row is None else str(row["reason"])
+
+    assert wait_for(refusal, 10, "the refusal") == "malformed"
     assert worker.alive()
 
 

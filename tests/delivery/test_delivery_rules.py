@@ -19,6 +19,8 @@ from services.delivery.egress import EgressGuard, HostNotResolved, parse_allow, 
 from services.delivery.errors import EgressRefused, InvalidEndpoint
 from services.delivery.outcomes import AttemptResult, decide, gate, parse_retry_after, retry_delay
 from services.delivery.settings import DeliverySettings
+from services.delivery.store import Wake
+from services.delivery.worker import DeliveryWorker, wakeup_messages
 
 BODY = b'{"type":"extraction.completed.v1","id":"e","data":{"job_id":"j","state":"SUCCEEDED"}}'
 
@@ -485,3 +487,27 @@ def test_settings_fail_fast_by_name() -> None:
         )
     settings = DeliverySettings.from_env({"FATURA_EGRESS_ALLOW": "127.0.0.0/8, ::1/128"})
     assert len(settings.egress_allow) == 2
+
+
+def test_wake_ups_carry_one_endpoints_deliveries_at_most_a_batch_each_and_every_one_once() -> None:
+    endpoints = [uuid.uuid4() for _ in range(3)]
+    woken = [Wake(uuid.uuid4(), endpoints[i % 3]) for i in range(40)]  # interleaved, as ingests find them
+    messages = wakeup_messages("p", woken, 16)
+    named = [[(uuid.UUID(d), m.queue_name, m.actor_name) for d in m.args] for m in messages]
+    endpoint_of = {w.delivery_id: w.endpoint_id for w in woken}
+    assert all(len({endpoint_of[d] for d, _, _ in ids}) == 1 for ids in named)
+    assert sorted(len(ids) for ids in named) == [13, 13, 14]
+    assert sorted(d for ids in named for d, _, _ in ids) == sorted(w.delivery_id for w in woken)
+    assert {(q, a) for ids in named for _, q, a in ids} == {("p.delivery.deliver", "deliver")}
+    one_endpoint = [Wake(uuid.uuid4(), endpoints[0]) for _ in range(40)]
+    assert [len(m.args) for m in wakeup_messages("p", one_endpoint, 16)] == [16, 16, 8]
+    assert [len(m.args) for m in wakeup_messages("p", one_endpoint[:1], 16)] == [1]
+
+
+def test_a_wake_up_naming_several_deliveries_attempts_each_in_turn() -> None:
+    visited: list[uuid.UUID] = []
+    worker = DeliveryWorker.__new__(DeliveryWorker)  # only deliver's own logic, no process around it
+    worker.deliver_one = lambda delivery_id: visited.append(delivery_id) is None  # type: ignore[method-assign]
+    ids = [uuid.uuid4() for _ in range(5)]
+    worker.deliver(*(str(i) for i in ids))
+    assert visited == ids

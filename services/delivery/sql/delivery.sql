@@ -199,7 +199,7 @@ UPDATE deliveries d
 SET woken_at = now()
 FROM due
 WHERE d.delivery_id = due.delivery_id
-RETURNING d.delivery_id, due.woken_at IS NOT NULL AS rewoken
+RETURNING d.delivery_id, d.endpoint_id, due.woken_at IS NOT NULL AS rewoken
 
 -- name: backlog
 SELECT count(*) FILTER (WHERE state = 'pending') AS pending,
