@@ -204,6 +204,14 @@ def deliver(pool: SyncPool, make_tenant: MakeTenant) -> Callable[[Sender, str], 
                 (delivery_id,),
             ).fetchall()
         assert len(row) == 1, row
+        with pool.connection() as conn:
+            # A retried one is due again later: no other module's scheduler may wake it then, when
+            # its receiver's port may be another test's (the database is shared).
+            conn.execute(
+                "UPDATE deliveries SET next_attempt_at = 'infinity'"
+                " WHERE delivery_id = %s AND state = 'pending'",
+                (delivery_id,),
+            )
         r = row[0]
         return Recorded(
             r["outcome"],
