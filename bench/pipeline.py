@@ -453,7 +453,8 @@ def print_results(results: list[LayoutResult], ceiling: Ceiling, out: Path, acce
     print(
         f"ceiling: no-op Dramatiq actor {ceiling.consume_per_second:,.0f} msg/s "
         f"({ceiling.threads} threads, same broker settings); "
-        f"best / ceiling = {ratio:.3f} (a job: an ingest message, and a run wake-up if no slot was free)"
+        f"best / ceiling = {ratio:.3f} (a job: its event's share of an ingest message, which carries up "
+        f"to FATURA_RELAY_EVENTS_PER_MESSAGE events, and a run wake-up if no slot was free)"
     )
     numbers = {
         "accept_group": accept_group,
