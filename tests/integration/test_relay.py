@@ -217,6 +217,25 @@ def test_an_event_type_nobody_consumes_is_never_marked_published(
         conn.execute("DELETE FROM outbox_events WHERE event_type = 'extraction.mystery.v1'")
 
 
+def _wait_for_no_older_snapshot(pool: SyncPool, xid: int, timeout: float = 60.0) -> None:
+    """Until no other session of this database holds a snapshot or a transaction from before ``xid``:
+    only then may a scan mark the index entries of rows ``xid`` updated as dead. (Another test
+    module's long transaction, run alongside by xdist, would hold them.)"""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with pool.connection() as conn:
+            row = conn.execute(
+                """SELECT count(*) AS n FROM pg_stat_activity
+                   WHERE pid <> pg_backend_pid() AND datname = current_database()
+                     AND (age(backend_xmin) >= age((%(xid)s %% 4294967296)::text::xid)
+                          OR age(backend_xid) >= age((%(xid)s %% 4294967296)::text::xid))""",
+                {"xid": xid},
+            ).fetchone()
+        if row is not None and row["n"] == 0:
+            return
+        time.sleep(0.2)
+
+
 def _claim_blocks(pool: SyncPool, first_statement: str) -> int:
     params = {"limit": 200, "claim_seconds": 30, "relay_id": "plan-test"}
     return buffers_touched(pool, RELAY_Q["claim_batch"], params, after=first_statement)
@@ -239,6 +258,9 @@ def test_a_claim_steps_over_events_published_since_instead_of_visiting_each_of_t
             "UPDATE outbox_events SET published_at = now() WHERE tenant_id = %s AND published_at IS NULL",
             (tenant.id,),
         )
+        published_by = conn.execute("SELECT txid_current() AS xid").fetchone()
+    assert published_by is not None
+    _wait_for_no_older_snapshot(pool, published_by["xid"])
     try:
         # When claims read that index by bitmap (the plan for few expected rows), they mark nothing
         # dead, and each visits every published row's page again
