@@ -82,43 +82,43 @@ def carried(event: Any, events: Any) -> list[Any] | None:
     return events
 
 
-def parse_all(
-    broker: QuorumRabbitmqBroker, events: list[Any], accepted: Collection[str]
-) -> list[EventMessage]:
-    """The well-formed events of a message, in order; each bad one is dead-lettered by itself."""
-    parsed: list[EventMessage] = []
-    for index, event in enumerate(events):
-        try:
-            parsed.append(parse_event(event, accepted))
-        except BadMessage as exc:
-            refuse_alone(broker, event, exc, index)
-    return parsed
-
-
-def settle(
+def take_all(
     broker: QuorumRabbitmqBroker,
-    parsed: Sequence[EventMessage],
-    outcomes: Sequence[R | BaseException],
+    events: list[Any],
+    accepted: Collection[str],
+    write: Callable[[list[EventMessage]], Sequence[R | BaseException]],
     then: Callable[[EventMessage, R], None],
 ) -> None:
-    """After the events' inbox writes (``GroupCommit.run_many``): ``then`` for each one taken in;
-    a poison event (its write's or ``then``'s) is dead-lettered by itself. Any other failure is
-    raised once the rest are done, so the whole message comes back and the events already taken in
-    return as duplicates."""
+    """Take a message's events in: the well-formed ones written together (``write``, such as
+    ``GroupCommit.run_many``), then ``then`` for each one taken in. A bad event (refused by the
+    parser, its write or ``then`` as poison) is dead-lettered by itself, once the rest are done.
+    Any other failure is raised instead, and nothing is dead-lettered: the whole message comes back,
+    the events already taken in return as duplicates and the bad ones are refused then, so each is
+    recorded once."""
+    parsed: list[tuple[int, EventMessage]] = []
+    refused: list[tuple[Any, Poison, int]] = []
+    for index, event in enumerate(events):
+        try:
+            parsed.append((index, parse_event(event, accepted)))
+        except BadMessage as exc:
+            refused.append((event, exc, index))
+    outcomes = write([message for _, message in parsed]) if parsed else []
     failure: BaseException | None = None
-    for index, (message, outcome) in enumerate(zip(parsed, outcomes, strict=True)):
+    for (index, message), outcome in zip(parsed, outcomes, strict=True):
         if isinstance(outcome, BaseException):
             if isinstance(outcome, Poison):
-                refuse_alone(broker, message.payload, outcome, index)
+                refused.append((message.payload, outcome, index))
             elif failure is None:
                 failure = outcome
             continue
         try:
             then(message, outcome)
         except Poison as exc:
-            refuse_alone(broker, message.payload, exc, index)
+            refused.append((message.payload, exc, index))
     if failure is not None:
         raise failure
+    for event, why, index in refused:
+        refuse_alone(broker, event, why, index)
 
 
 def refuse_alone(broker: QuorumRabbitmqBroker, event: Any, exc: Poison, index: int) -> None:

@@ -76,18 +76,10 @@ class GroupCommit(Generic[T, R]):
         """Write ``item``; returns once its transaction committed, raises what failed it. Once the
         group commit is closed (the process stops), the write fails as transient: its message comes
         back, to this process or another."""
-        entry: _Write[T, R] = _Write(item)
-        with self._ready:
-            if self._stopping:
-                raise Unavailable(f"group commit {self._name} is closed")
-            self._queue.append(entry)
-            self._ready.notify()
-        while not entry.done.wait(_ALIVE_CHECK_SECONDS):
-            if not self._thread.is_alive():
-                raise Unavailable(f"group commit {self._name} stopped before writing")
-        if entry.error is not None:
-            raise entry.error
-        return entry.result  # type: ignore[return-value]
+        outcome = self.run_many([item])[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     def run_many(self, items: list[T]) -> list[R | BaseException]:
         """Write several items (one message's events) at once: queued together, so they share the

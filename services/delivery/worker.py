@@ -146,7 +146,7 @@ class DeliveryWorker:
         services/common/event_batches.py), each taken in by itself."""
         several = event_batches.carried(event, events)
         if several is not None:
-            self._ingest_all(event_batches.parse_all(self.broker, several, INGEST_TYPES))
+            self._ingest_all(several)
             return
         message = parse_event(event, INGEST_TYPES)
         with event_batches.consuming(message):
@@ -169,8 +169,7 @@ class DeliveryWorker:
         prefix, per_message = self.settings.common.queue_prefix, self.settings.batch_size
         self.wakeups.send(wakeup_messages(prefix, woken, per_message))
 
-    def _ingest_all(self, messages: list[EventMessage]) -> None:
-        outcomes = self.inbox.run_many(messages) if messages else []
+    def _ingest_all(self, several: list[Any]) -> None:
         woken: list[store.Wake] = []
 
         def taken_in(message: EventMessage, taken: tuple[Received, list[store.Wake]]) -> None:
@@ -178,7 +177,7 @@ class DeliveryWorker:
                 woken.extend(store.to_wake(message, taken))
 
         try:
-            event_batches.settle(self.broker, messages, outcomes, taken_in)
+            event_batches.take_all(self.broker, several, INGEST_TYPES, self.inbox.run_many, taken_in)
         finally:
             self._wake(woken)
 

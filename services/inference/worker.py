@@ -116,7 +116,7 @@ def declare_actors(
             raise BadMessage("malformed", f"unexpected arguments {sorted(unexpected)}")
         several = event_batches.carried(event, events)
         if several is not None:
-            _ingest_all(event_batches.parse_all(broker, several, INGEST_TYPES))
+            event_batches.take_all(broker, several, INGEST_TYPES, _write_all, _traced_taken_in)
             return
         parsed = parse_event(event, INGEST_TYPES)
         with event_batches.consuming(parsed):
@@ -127,11 +127,11 @@ def declare_actors(
         faults.point(settings.common.faults, faults.CRASH_AFTER_INBOX_COMMIT)
         _taken_in(parsed, taken)
 
-    def _ingest_all(parsed: list[EventMessage]) -> None:
-        """A message's several events: their inbox writes queued together, then each one's wake-up."""
-        outcomes = group.run_many(parsed) if parsed else []
+    def _write_all(parsed: list[EventMessage]) -> list[tuple[inbox.Received, bool] | BaseException]:
+        """A message's several events: their inbox writes queued together."""
+        outcomes = group.run_many(parsed)
         faults.point(settings.common.faults, faults.CRASH_AFTER_INBOX_COMMIT)
-        event_batches.settle(broker, parsed, outcomes, _traced_taken_in)
+        return outcomes
 
     def _traced_taken_in(parsed: EventMessage, taken: tuple[inbox.Received, bool]) -> None:
         with event_batches.consuming(parsed):
