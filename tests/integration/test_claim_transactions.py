@@ -385,6 +385,43 @@ def test_with_kept_loads_a_completion_locks_the_next_head_in_its_own_statement(
     assert statements == ["complete_job_then_head", "start_job"]
 
 
+def _subplan_loops(plan: dict[str, Any]) -> list[int]:
+    """The number of times each subquery of an EXPLAIN ANALYZE plan (JSON) ran."""
+    loops = [int(plan["Actual Loops"])] if plan.get("Parent Relationship") == "SubPlan" else []
+    for child in plan.get("Plans", []):
+        loops += _subplan_loops(child)
+    return loops
+
+
+def test_a_head_read_past_jobs_other_slots_hold_reads_the_tenants_next_heads_once(
+    fresh_pool: SyncPool,
+) -> None:
+    # Given twelve due jobs of a tenant, the eight oldest held by other slots' open transactions
+    tenant_id, _ = create_tenant(fresh_pool, TenantSpec(name="held-heads"))
+    queued = [_queue_job(fresh_pool, tenant_id) for _ in range(12)]
+    holders = [psycopg.connect(fresh_pool.conninfo) for _ in range(8)]
+    try:
+        for holder, job_id in zip(holders, queued[:8], strict=True):
+            holder.execute("SELECT 1 FROM extraction_jobs WHERE id = %s FOR UPDATE", (job_id,))
+        # When a slot reads the head (as a claim does, and a completion for its slot's next claim)
+        params = {"tenant_id": tenant_id, "priority": "batch"}
+        with fresh_pool.connection() as conn, conn.transaction():
+            head = conn.execute(CLAIMS_Q["head_job"], params).fetchone()
+            explained = conn.execute(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + CLAIMS_Q["head_job"], params
+            ).fetchone()
+            raise psycopg.Rollback
+    finally:
+        for holder in holders:
+            holder.close()
+    # Then it locks the first free job, and the tenant's next heads are read for it alone, not
+    # again for each held job the scan passed
+    assert head is not None and head["id"] == queued[8]
+    assert explained is not None
+    loops = _subplan_loops(explained["QUERY PLAN"][0]["Plan"])
+    assert loops == [1, 1], loops
+
+
 def _waits_on_a_lock(pool: SyncPool, application_name: str) -> bool:
     with pool.connection() as conn:
         row = conn.execute(

@@ -36,6 +36,9 @@ EXISTS (SELECT 1 FROM extraction_jobs WHERE id = %(job_id)s AND state IN ('READY
 -- name: head_job
 -- The tenant's next due job of the priority, locked, and the tenant's heads once it is taken (what
 -- tenant_loads would read after its start: the worker keeps the loads it read, services/inference/loads.py).
+-- The heads are read after the lock, once: in the locking scan's own select list they were read for
+-- every row the scan passed, and SKIP LOCKED passes each due job another slot holds (in a burst,
+-- eight or so per claim, two index probes each).
 SELECT h.id, h.available_at, h.estimated_tokens, h.traceparent, h.fence,
        (SELECT min(i.available_at) FROM extraction_jobs i
          WHERE i.tenant_id = h.tenant_id AND i.priority = 'interactive'
@@ -43,12 +46,13 @@ SELECT h.id, h.available_at, h.estimated_tokens, h.traceparent, h.fence,
        (SELECT min(b.available_at) FROM extraction_jobs b
          WHERE b.tenant_id = h.tenant_id AND b.priority = 'batch'
            AND b.state IN ('READY', 'RETRY_SCHEDULED') AND b.id <> h.id) AS batch_next
-FROM extraction_jobs h
-WHERE h.tenant_id = %(tenant_id)s AND h.priority = %(priority)s
-  AND h.state IN ('READY', 'RETRY_SCHEDULED') AND h.available_at <= now()
-ORDER BY h.available_at
-LIMIT 1
-FOR UPDATE OF h SKIP LOCKED
+FROM (SELECT j.id, j.tenant_id, j.available_at, j.estimated_tokens, j.traceparent, j.fence
+      FROM extraction_jobs j
+      WHERE j.tenant_id = %(tenant_id)s AND j.priority = %(priority)s
+        AND j.state IN ('READY', 'RETRY_SCHEDULED') AND j.available_at <= now()
+      ORDER BY j.available_at
+      LIMIT 1
+      FOR UPDATE OF j SKIP LOCKED) AS h
 
 -- name: start_job
 -- Starts the locked head job, records its RUNNING event, and reads, in the same statement, what its
