@@ -103,6 +103,9 @@ class LayoutResult:
     # speed for Python at the time, which CPU per job follows.
     interpreter_us: tuple[float, float]
     transactions_per_job: float  # PostgreSQL commits and rollbacks in the bench database
+    # Shared buffers PostgreSQL's statements touched in the bench database: how much it worked, in a
+    # unit the machine's speed does not change (so a change to a statement shows on a noisy machine).
+    blocks_per_job: float
     worker_counters: dict[str, float]  # deferrals, limiter calls past the deadline, claims, hops
     # Seconds from the last terminal state until the worker's ingest had taken in every job (the
     # CPU and transaction counts run until then, so work left queued behind the jobs is counted).
@@ -206,7 +209,7 @@ def run_layout(stack: Stack, layout: str, args: argparse.Namespace) -> LayoutRes
         )
         profilers = start_profilers(workers, layout, args.profile) if args.profile > 0 else []
         speed_before = report.interpreter_us()
-        cpu_before, xacts_before = cpu.sample(), transactions(stack)
+        cpu_before, db_before = cpu.sample(), database_work(stack)
         # Accept from a thread, so progress counts from the first acceptance.
         accepted = _Tally()
         accepting = threading.Thread(
@@ -222,8 +225,8 @@ def run_layout(stack: Stack, layout: str, args: argparse.Namespace) -> LayoutRes
         cpu_after = cpu.sample()
         seconds = stack.cpu_seconds(cpu_before, cpu_after)
         steal = cpu.stolen(cpu_before, cpu_after)
-        time.sleep(1.0)  # PostgreSQL publishes its transaction counters at most once a second
-        xacts = transactions(stack) - xacts_before
+        time.sleep(1.0)  # PostgreSQL publishes its counters at most once a second
+        db_work = database_work(stack) - db_before
         counters = stack.worker_counters()
         for profiler in profilers:
             finish_profiler(profiler, args.profile + 30)
@@ -231,7 +234,7 @@ def run_layout(stack: Stack, layout: str, args: argparse.Namespace) -> LayoutRes
         for worker in workers:
             stack.stop(worker)
     speed = (round(speed_before, 3), round(report.interpreter_us(), 3))
-    result = summarize(stack, tenant, layout, processes, concurrency, load, seconds, xacts, counters)
+    result = summarize(stack, tenant, layout, processes, concurrency, load, seconds, db_work, counters)
     finished = max(1, result.finished)
     return replace(
         result,
@@ -254,8 +257,20 @@ def finish_profiler(profiler: subprocess.Popen[bytes], timeout: float) -> None:
             profiler.wait()
 
 
-def transactions(stack: Stack) -> int:
-    return int(stack.query("transactions")[0]["xacts"])
+@dataclass(frozen=True)
+class DatabaseWork:
+    """pg_stat_database's counters of the bench database (see bench.sql, transactions)."""
+
+    transactions: int
+    blocks: int
+
+    def __sub__(self, other: DatabaseWork) -> DatabaseWork:
+        return DatabaseWork(self.transactions - other.transactions, self.blocks - other.blocks)
+
+
+def database_work(stack: Stack) -> DatabaseWork:
+    row = stack.query("transactions")[0]
+    return DatabaseWork(int(row["xacts"]), int(row["blocks"]))
 
 
 class _Tally:
@@ -346,7 +361,7 @@ def summarize(
     concurrency: int,
     load: str,
     cpu_seconds: dict[str, float],
-    xacts: int,
+    db_work: DatabaseWork,
     counters: dict[str, float],
 ) -> LayoutResult:
     span = stack.query("tenant_span", tenant_id=tenant)[0]
@@ -372,7 +387,8 @@ def summarize(
         p99_seconds=percentile(latencies, 0.99),
         load_average=load,
         cpu_ms_per_job={k: round(1000 * v / max(1, finished), 3) for k, v in cpu_seconds.items()},
-        transactions_per_job=xacts / max(1, finished),
+        transactions_per_job=db_work.transactions / max(1, finished),
+        blocks_per_job=db_work.blocks / max(1, finished),
         worker_counters=counters,
         ingest_lag_seconds=0.0,
         finish_offsets=finishes,
@@ -421,7 +437,8 @@ def print_results(results: list[LayoutResult], ceiling: Ceiling, out: Path, acce
     for r in results:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r.cpu_ms_per_job.items(), key=lambda kv: -kv[1]))
         print(
-            f"  {r.layout:<8} {parts}; {r.transactions_per_job:.1f} transactions/job "
+            f"  {r.layout:<8} {parts}; {r.transactions_per_job:.1f} transactions/job, "
+            f"{r.blocks_per_job:,.0f} shared blocks/job "
             f"(counted until the ingest took in every job, {r.ingest_lag_seconds:.1f} s after the last ended)"
         )
         print(

@@ -57,5 +57,7 @@ SELECT extract(epoch FROM a.started_at - j.created_at)::float8 AS seconds, a.out
  LIMIT 1
 
 -- name: transactions
--- Commits and rollbacks so far in this database (published by PostgreSQL at most once a second).
-SELECT xact_commit + xact_rollback AS xacts FROM pg_stat_database WHERE datname = current_database()
+-- Commits and rollbacks so far in this database, and the shared buffers its statements touched
+-- (found in shared buffers or read in): published by PostgreSQL at most once a second.
+SELECT xact_commit + xact_rollback AS xacts, blks_hit + blks_read AS blocks
+FROM pg_stat_database WHERE datname = current_database()
