@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,21 @@ def drop_database(url: str) -> None:
     name = str(conninfo_to_dict(url)["dbname"])
     with psycopg.connect(make_conninfo(url, dbname="postgres"), autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@contextmanager
+def database_of_its_own(
+    database_url: str, suffix: str, *, max_size: int = 2
+) -> Iterator[tuple[str, SyncPool]]:
+    """A fresh, migrated database beside the run's (its name and ``_suffix``), with a pool named
+    ``suffix`` on it: no other module's session or process uses it. Dropped afterwards."""
+    url = recreate_database(f"{database_url}_{suffix}")
+    try:
+        migrate(url)
+        with sync_pool(CommonSettings(database_url=url), name=suffix, max_size=max_size) as pool:
+            yield url, pool
+    finally:
+        drop_database(url)
 
 
 @pytest.fixture(scope="session")

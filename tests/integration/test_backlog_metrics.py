@@ -12,11 +12,10 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from fix_db import drop_database, recreate_database
+from fix_db import database_of_its_own
 from services.acceptance.tenants import TenantSpec, create_tenant
 from services.common.broker import make_broker
-from services.common.db import SyncPool, sync_pool
-from services.common.migrate import migrate
+from services.common.db import SyncPool
 from services.common.settings import CommonSettings
 from services.delivery.scheduler import refresh_endpoint_states
 from services.inference.scheduler import Q, Scheduler
@@ -25,12 +24,8 @@ from services.inference.settings import InferenceSettings
 
 @pytest.fixture
 def scratch(database_url: str) -> Iterator[tuple[str, SyncPool]]:
-    url = f"{database_url}_backlog"
-    recreate_database(url)
-    migrate(url)
-    with sync_pool(CommonSettings(database_url=url), name="backlog", max_size=2) as pool:
-        yield url, pool
-    drop_database(url)
+    with database_of_its_own(database_url, "backlog") as scratch:
+        yield scratch
 
 
 def _insert(pool: SyncPool, tenant_id: uuid.UUID, count: int, priority: str, state: str, wait: str) -> None:

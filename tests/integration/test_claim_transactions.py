@@ -15,13 +15,11 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from fix_db import drop_database, recreate_database
+from fix_db import database_of_its_own
 from fix_pipeline import wait_until
 from services.acceptance.tenants import Supplier, TenantSpec, create_tenant, import_suppliers
 from services.common import events, states
-from services.common.db import SyncPool, sync_pool
-from services.common.migrate import migrate
-from services.common.settings import CommonSettings
+from services.common.db import SyncPool
 from services.common.uow import UnitOfWork
 from services.inference.claims import Claims, Completion, Started
 from services.inference.claims import Q as CLAIMS_Q
@@ -35,12 +33,8 @@ TEXT = "Invoice INV-1\fTotal 118.00 EUR"
 @pytest.fixture
 def fresh_pool(database_url: str) -> Iterator[SyncPool]:
     """A database no running worker or relay watches, so only this test claims and listens."""
-    url = f"{database_url}_claimtx"
-    recreate_database(url)
-    migrate(url)
-    with sync_pool(CommonSettings(database_url=url), name="claimtx", max_size=3) as pool:
+    with database_of_its_own(database_url, "claimtx", max_size=3) as (_, pool):
         yield pool
-    drop_database(url)
 
 
 def _queue_job(pool: SyncPool, tenant_id: uuid.UUID) -> uuid.UUID:

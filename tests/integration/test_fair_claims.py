@@ -12,12 +12,10 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from fix_db import buffers_touched, drop_database, recreate_database
+from fix_db import buffers_touched, database_of_its_own
 from services.acceptance.tenants import TenantSpec, create_tenant
 from services.common import states
-from services.common.db import SyncPool, sync_pool
-from services.common.migrate import migrate
-from services.common.settings import CommonSettings
+from services.common.db import SyncPool
 from services.inference.claims import Claims, Completion, Started
 from services.inference.claims import Q as CLAIMS_Q
 from services.limiter.model import Grant
@@ -26,12 +24,8 @@ from services.limiter.model import Grant
 @pytest.fixture
 def fresh_pool(database_url: str) -> Iterator[SyncPool]:
     """A database no running worker watches, so only this test claims from it."""
-    url = f"{database_url}_fair"
-    recreate_database(url)
-    migrate(url)
-    with sync_pool(CommonSettings(database_url=url), name="fair", max_size=2) as pool:
+    with database_of_its_own(database_url, "fair") as (_, pool):
         yield pool
-    drop_database(url)
 
 
 def _queue_jobs(

@@ -12,14 +12,11 @@ import pytest
 
 from fix_amqp import Delivered, QueueReader
 from fix_api import SubmitFn
-from fix_db import SyncPool, TenantHandle, buffers_touched, drop_database, recreate_database
+from fix_db import SyncPool, TenantHandle, buffers_touched, database_of_its_own
 from fix_processes import ServiceProcess, SpawnFn
 from services.acceptance.relay import Q as RELAY_Q
 from services.acceptance.tenants import TenantSpec, create_tenant
-from services.common.db import sync_pool
-from services.common.migrate import migrate
 from services.common.procs import free_port
-from services.common.settings import CommonSettings
 
 StartRelay = Callable[..., ServiceProcess]
 
@@ -225,12 +222,8 @@ def test_an_event_type_nobody_consumes_is_never_marked_published(
 def quiet_pool(database_url: str) -> Iterator[SyncPool]:
     """A database of its own: no other test's session or process there can hold a snapshot from
     before an update, so the index entries the update left dead can be marked as such."""
-    url = f"{database_url}_deadidx"
-    recreate_database(url)
-    migrate(url)
-    with sync_pool(CommonSettings(database_url=url), name="deadidx", max_size=2) as quiet:
+    with database_of_its_own(database_url, "deadidx") as (_, quiet):
         yield quiet
-    drop_database(url)
 
 
 def _wait_for_no_older_snapshot(pool: SyncPool, xid: int, timeout: float = 60.0) -> None:

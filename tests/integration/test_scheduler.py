@@ -10,23 +10,17 @@ from collections.abc import Iterator
 import pytest
 
 from fix_amqp import delete_queues
-from fix_db import drop_database, recreate_database
+from fix_db import database_of_its_own
 from fix_processes import SpawnFn
 from services.acceptance.tenants import TenantSpec, create_tenant
-from services.common.db import SyncPool, sync_pool
-from services.common.migrate import migrate
+from services.common.db import SyncPool
 from services.common.procs import free_port
-from services.common.settings import CommonSettings
 
 
 @pytest.fixture
 def scratch(database_url: str) -> Iterator[tuple[str, SyncPool]]:
-    url = f"{database_url}_sched"
-    recreate_database(url)
-    migrate(url)
-    with sync_pool(CommonSettings(database_url=url), name="sched", max_size=2) as pool:
-        yield url, pool
-    drop_database(url)
+    with database_of_its_own(database_url, "sched") as scratch:
+        yield scratch
 
 
 def _insert_jobs(pool: SyncPool, tenant_id: uuid.UUID, count: int, state: str, sql_after: str) -> None:
