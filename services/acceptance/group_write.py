@@ -113,26 +113,30 @@ class GroupWriter:
                     future.set_result(row)
 
     async def _commit(self, group: list[JSON]) -> list[JSON | None]:
-        """The writes of ``group`` in one transaction (a single write is its own)."""
+        """The writes of ``group`` in one transaction (a single write is its own), in one round trip.
+
+        The pool's connections are in autocommit, and the statements of a pipeline that no Sync
+        separates are one implicit transaction, committed at the Sync that ends the pipeline or
+        rolled back there as a whole when any of them fails (PostgreSQL's protocol, "Pipelining").
+        So no BEGIN and COMMIT of their own, each a round trip: the group is sent, and answered,
+        at once.
+        """
         async with self._pool.connection() as conn:
-            cursor = statement_cursor(conn, "accept_job")
             if len(group) == 1:
+                cursor = statement_cursor(conn, "accept_job")
                 row = await (await cursor.execute(Q["accept_job"], group[0])).fetchone()
                 self._sizes.observe(1)
                 return [row]
-            async with conn.transaction():
-                await cursor.executemany(Q["accept_job"], group, returning=True)
-                rows = await _results(cursor)
+            if not conn.autocommit:
+                raise RuntimeError("the group writer needs a pool of autocommit connections")
+            cursors = [statement_cursor(conn, "accept_job", i) for i in range(len(group))]
+            async with conn.pipeline():
+                for cursor, params in zip(cursors, group, strict=True):
+                    await cursor.execute(Q["accept_job"], params, prepare=True)
+            # The pipeline's end synced: every statement has run and the transaction has committed.
+            rows = [await cursor.fetchone() for cursor in cursors]
         self._sizes.observe(len(group))
         return rows
-
-
-async def _results(cursor: Any) -> list[JSON | None]:
-    """The row each statement of an ``executemany(..., returning=True)`` returned (None for none)."""
-    rows = [await cursor.fetchone()]
-    while cursor.nextset():
-        rows.append(await cursor.fetchone())
-    return rows
 
 
 def _fail(group: list[tuple[JSON, asyncio.Future[JSON | None]]], exc: BaseException) -> None:

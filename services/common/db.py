@@ -194,9 +194,10 @@ R = TypeVar("R")
 _CURSORS = "_fatura_statement_cursors"
 
 
-def statement_cursor(conn: AsyncConnection[R], name: str) -> AsyncCursor[R]:
+def statement_cursor(conn: AsyncConnection[R], name: str, index: int = 0) -> AsyncCursor[R]:
     """The cursor ``conn`` keeps for the statement ``name``, for a statement a process runs on every
-    request (``accept_job``).
+    request (``accept_job``); ``index`` names one of several, for statements pipelined together (each
+    keeps its own result until it is read).
 
     ``conn.execute`` makes a new cursor each time, and with it a new adapters map and transformer
     that look up every parameter's dumper again; a cursor that runs the same query object again
@@ -204,11 +205,11 @@ def statement_cursor(conn: AsyncConnection[R], name: str) -> AsyncCursor[R]:
     connection the pool discards takes its cursors along), and is used only while its connection
     is checked out, by one task.
     """
-    cursors: dict[str, AsyncCursor[R]] | None = getattr(conn, _CURSORS, None)
+    cursors: dict[tuple[str, int], AsyncCursor[R]] | None = getattr(conn, _CURSORS, None)
     if cursors is None:
         cursors = {}
         setattr(conn, _CURSORS, cursors)
-    cursor = cursors.get(name)
+    cursor = cursors.get((name, index))
     if cursor is None or cursor.closed:
-        cursor = cursors[name] = conn.cursor()
+        cursor = cursors[name, index] = conn.cursor()
     return cursor
