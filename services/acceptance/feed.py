@@ -230,11 +230,15 @@ class EventFeed:
                     await conn.close()
 
     async def _wait(self, conn: psycopg.AsyncConnection[DictRow]) -> None:
-        """Until a wake-up or the next tick: every ``poll_seconds`` while streams are open (or a gap
-        holds events back), every ``IDLE_POLL_SECONDS`` otherwise, ending the idle wait early when a
-        stream opens. A burst of wake-ups reads at most once per quarter tick: each read with news wakes
-        every stream it concerns, and under a stream of commits fewer, fuller batches cost the edge
-        less CPU (and lag) than one per commit."""
+        """Until a wake-up or the next tick while streams are open (or a gap holds events back
+        from them): every ``poll_seconds``, a burst of wake-ups read at most once per quarter tick;
+        each read with news wakes every stream it concerns, and under a stream of commits fewer,
+        fuller batches cost the edge less CPU (and lag) than one per commit.
+
+        With no stream open, nobody waits for an event: the reader only keeps its watermark near
+        the head, every ``IDLE_POLL_SECONDS`` whatever the wake-ups, and ends the wait early when a
+        stream opens. (An edge taking a burst of submissions read every commit's events a few dozen
+        times a second before, for no one.)"""
         assert self._watermark is not None
         poll = self.settings.poll_seconds
         started = time.monotonic()
@@ -243,11 +247,12 @@ class EventFeed:
             # Run to its end (it stops after one): leaving it early would keep the connection locked.
             async for _ in conn.notifies(timeout=poll, stop_after=1):
                 woken = True
-            if woken:
-                await self._space(started)
-                return
-            if self._subscriptions or self._watermark.waiting:
-                return
+            if self._subscriptions:
+                if woken:
+                    await self._space(started)
+                    return
+                if self._watermark.waiting:
+                    return
             if time.monotonic() - started >= IDLE_POLL_SECONDS:
                 return
 
@@ -261,9 +266,14 @@ class EventFeed:
         watermark = self._watermark
         assert watermark is not None
         while True:
-            rows = await (
-                await conn.execute(Q["poll"], {"after": watermark.through, "limit": PAGE})
-            ).fetchall()
+            # With no stream open only the numbers are read: they move the watermark, and nobody
+            # would be handed the events.
+            whole = bool(self._subscriptions)
+            query = Q["poll"] if whole else Q["poll_seqs"]
+            rows = await (await conn.execute(query, {"after": watermark.through, "limit": PAGE})).fetchall()
+            if not whole and self._subscriptions:
+                # A stream opened during the read, at the watermark below these: read them whole.
+                continue
             found = [row for row in rows if row["seq"] is not None]
             advance = watermark.advance(
                 [row["seq"] for row in found],

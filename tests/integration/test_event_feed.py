@@ -14,6 +14,7 @@ from psycopg.rows import dict_row
 
 from fix_db import MakeTenant, SyncPool
 from fix_events import CHANGE, change_state, new_job
+import services.acceptance.feed as feed_module
 from services.acceptance.feed import EventFeed, FeedItem, JobEvent, Snapshot, Subscription
 from services.acceptance.settings import EventSettings
 from services.common.db import async_pool
@@ -235,3 +236,108 @@ def _current_note(pool: SyncPool, tenant_id: uuid.UUID, job_id: uuid.UUID) -> No
                VALUES (%s, %s, 'SUCCEEDED', 3, 'review')""",
             (tenant_id, job_id),
         )
+
+
+class CountingFeed(EventFeed):
+    """The feed, counting its reads of the event log."""
+
+    reads = 0
+
+    async def _read(self, conn: Any) -> None:
+        self.reads += 1
+        await super()._read(conn)
+
+
+def test_with_no_stream_open_wake_ups_do_not_make_the_feed_read_the_log(
+    common_settings: CommonSettings, pool: SyncPool, make_tenant: MakeTenant
+) -> None:
+    tenant = make_tenant()
+
+    async def main() -> tuple[int, list[FeedItem]]:
+        apool = async_pool(common_settings, name="feed-test", max_size=2, autocommit=True)
+        await apool.open()
+        feed = CountingFeed(common_settings, SETTINGS, apool, name="feed-test")
+        await feed.start()
+        try:
+            (await feed.subscribe(tenant.id)).close()  # waits for the first read
+            before = feed.reads
+            # Given no stream open, when 30 commits each wake the feed over about 1.5 s
+            jobs = []
+            for _ in range(30):
+                jobs.append(await asyncio.to_thread(new_job, pool, tenant.id))
+                await asyncio.to_thread(_notify, pool)
+                await asyncio.sleep(0.05)
+            idle_reads = feed.reads - before
+            # Then a stream opened afterwards still gets their next events
+            async with await feed.subscribe(tenant.id) as subscription:
+                await collect(subscription, 1)  # the snapshot
+                await asyncio.to_thread(change_state, pool, tenant.id, jobs[-1], "RUNNING")
+                items = await collect(subscription, 1)
+            return idle_reads, items
+        finally:
+            await feed.stop()
+            await apool.close()
+
+    idle_reads, items = asyncio.run(main())
+    # It read on its idle tick (once a second), not once per wake-up (every 0.0125 s at most)
+    assert idle_reads <= 3
+    assert [(e.state, e.state_version) for e in items if isinstance(e, JobEvent)] == [("RUNNING", 2)]
+
+
+def test_a_stream_opening_during_a_read_made_for_no_one_still_gets_its_events(
+    common_settings: CommonSettings, pool: SyncPool, make_tenant: MakeTenant, monkeypatch: Any
+) -> None:
+    tenant = make_tenant()
+    job = new_job(pool, tenant.id)
+    cursor = _seq_of(pool, job, 1)
+    # The read made with no stream open waits on an advisory lock the test holds
+    key = uuid.uuid4().int % 2**62
+    blocked = feed_module.Q["poll_seqs"].replace(
+        "AS xmax) s", f"AS xmax, pg_advisory_xact_lock_shared({key}) AS held) s"
+    )
+    assert blocked != feed_module.Q["poll_seqs"]
+    monkeypatch.setitem(feed_module.Q, "poll_seqs", blocked)
+
+    async def body(feed: EventFeed) -> list[FeedItem]:
+        (await feed.subscribe(tenant.id)).close()  # waits for the first read
+        with pool.connection() as lock:
+            with lock.transaction():
+                lock.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+                # Given three events committed while no stream is open
+                for state in ("RUNNING", "RETRY_SCHEDULED", "RUNNING"):
+                    await asyncio.to_thread(change_state, pool, tenant.id, job, state)
+                # And the feed's next read (with their numbers only) under way
+                await asyncio.to_thread(_wait_for_advisory_wait, pool, key)
+                # When a stream opens from before them, while that read is under way
+                subscription = await feed.subscribe(tenant.id, last_seq=cursor)
+        # Then once the read ends, the stream gets all three
+        async with subscription:
+            return await collect(subscription, 3)
+
+    items = run_with_feed(common_settings, body)
+    assert [(e.state, e.state_version) for e in items if isinstance(e, JobEvent)] == [
+        ("RUNNING", 2),
+        ("RETRY_SCHEDULED", 3),
+        ("RUNNING", 4),
+    ]
+
+
+def _notify(pool: SyncPool) -> None:
+    with pool.connection() as conn:
+        conn.execute("SELECT pg_notify('fatura_outbox', '')")
+
+
+def _wait_for_advisory_wait(pool: SyncPool, key: int, timeout: float = 10.0) -> None:
+    """Until a session waits for the advisory lock ``key``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with pool.connection() as conn:
+            row = conn.execute(
+                "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                " AND (classid::bigint << 32 | objid::bigint) = %s",
+                (key,),
+            ).fetchone()
+        if row is not None and row["n"]:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no session waited for advisory lock {key} within {timeout}s")

@@ -24,6 +24,16 @@ LEFT JOIN LATERAL (
 ) e ON true
 ORDER BY e.seq
 
+-- name: poll_seqs
+-- The same read with no stream open: the numbers alone, for the watermark.
+SELECT s.xmin, s.xmax, e.seq
+FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin,
+             pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax) s
+LEFT JOIN LATERAL (
+    SELECT seq FROM job_events WHERE seq > %(after)s ORDER BY seq LIMIT %(limit)s
+) e ON true
+ORDER BY e.seq
+
 -- name: replay_tenant
 -- A tenant stream catching up from its cursor, beside the horizon: a horizon past the cursor means
 -- events it missed were pruned.
