@@ -3,7 +3,8 @@
 Open loop: requests leave on a schedule computed in advance and each latency counts from its
 scheduled time, so a slow server cannot hide its queue by slowing the sender down (coordinated
 omission). Closed loop: threads that each send the next request when the last one is answered.
-``Generators``: processes that POST on an open-loop schedule over HTTP (aiohttp on uvloop).
+``Generators``: processes that POST on an open-loop schedule over HTTP (``bench/http_client.py`` on
+uvloop).
 Every time here is ``time.monotonic()``, one clock for every process on Linux.
 """
 
@@ -21,6 +22,10 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection as MpConnection
 from typing import Any, TypeVar
+
+from httptools import HttpParserError
+
+from bench.http_client import HttpClient, request_prefix
 
 S = TypeVar("S")
 
@@ -260,34 +265,35 @@ def generator_main(pipe: MpConnection, target: Target, connections: int, timeout
 async def _generator_loop(
     pipe: MpConnection, target: Target, connections: int, timeout: float, slot: Any
 ) -> None:
-    import aiohttp
-
     loop = asyncio.get_running_loop()
-    connector = aiohttp.TCPConnector(limit=connections, force_close=False)
-    # One session for the whole run keeps connections warm between rates, as a real client would.
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as s:
+    host, port, prefix = request_prefix(target.url, target.headers)
+    # One client for the whole run keeps connections warm between rates, as a real client would.
+    client = HttpClient(host, port, limit=connections)
+    try:
         while (step := await loop.run_in_executor(None, pipe.recv)) is not None:
-            pipe.send(await _send_share(s, target, step, slot))
+            pipe.send(await _send_share(client, prefix, target, step, timeout, slot))
+    finally:
+        client.close()
 
 
-async def _send_share(session: Any, target: Target, step: Step, slot: Any) -> Outcome:
-    import aiohttp
-
+async def _send_share(
+    client: HttpClient, prefix: bytes, target: Target, step: Step, timeout: float, slot: Any
+) -> Outcome:
     outcome = Outcome()
+    tag = step.tag
 
     async def one(i: int, scheduled: float) -> None:
         slot[0] += 1
-        headers = {**target.headers, "Idempotency-Key": f"{step.tag}-{i}"}
         outcome.lags.append(time.monotonic() - scheduled)
         try:
-            body = target.bodies[i % len(target.bodies)]
-            async with session.post(target.url, data=body, headers=headers) as response:
-                await response.read()
-                status = response.status
+            async with asyncio.timeout(timeout):
+                status = await client.request(
+                    prefix, f"Idempotency-Key: {tag}-{i}\r\n".encode(), target.bodies[i % len(target.bodies)]
+                )
         except TimeoutError:
             status = 0
             outcome.errors["timeout"] += 1
-        except aiohttp.ClientError as exc:
+        except (OSError, HttpParserError) as exc:
             status = 0
             outcome.errors[type(exc).__name__] += 1
         done = time.monotonic()

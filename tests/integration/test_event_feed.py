@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
+import services.acceptance.feed as feed_module
 from fix_db import MakeTenant, SyncPool
 from fix_events import CHANGE, change_state, new_job
-import services.acceptance.feed as feed_module
 from services.acceptance.feed import EventFeed, FeedItem, JobEvent, Snapshot, Subscription
 from services.acceptance.settings import EventSettings
 from services.common.db import async_pool
