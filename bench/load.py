@@ -270,6 +270,7 @@ async def _generator_loop(
     # One client for the whole run keeps connections warm between rates, as a real client would.
     client = HttpClient(host, port, limit=connections)
     try:
+        await client.connect_all()
         while (step := await loop.run_in_executor(None, pipe.recv)) is not None:
             pipe.send(await _send_share(client, prefix, target, step, timeout, slot))
     finally:

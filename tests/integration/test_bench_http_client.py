@@ -6,6 +6,7 @@ that drops a request mid-answer is an error for that request only."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -172,3 +173,26 @@ def test_only_plain_http_urls_are_accepted() -> None:
         8080,
         b"POST /v1/things?x=1 HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nA: b\r\n",
     )
+
+
+def test_requests_rotate_over_every_open_connection() -> None:
+    peers: list[Any] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        await request.read()
+        return web.Response(status=202)
+
+    async def scenario(host: str, port: int) -> list[int]:
+        _, _, prefix = request_prefix(f"http://{host}:{port}/v1/things", {})
+        client = HttpClient(host, port, limit=4)
+        try:
+            await client.connect_all()
+            # One request at a time, as a light load sends them
+            return [await client.request(prefix, b"", b"x") for _ in range(40)]
+        finally:
+            client.close()
+
+    assert serve_and_run(handler, scenario) == [202] * 40
+    # Then each of the four connections carried a quarter of them, not the most recent one all
+    assert sorted(Counter(peers).values()) == [10, 10, 10, 10]
