@@ -13,7 +13,7 @@ import importlib
 EXTRAS: dict[str, tuple[str, ...]] = {
     "cli": ("rich",),
     "sandbox": ("aiohttp",),
-    "bench": ("matplotlib", "aiohttp", "rich"),
+    "bench": ("matplotlib", "aiohttp", "rich", "httptools"),
     "kafka": ("confluent_kafka",),
 }
 
