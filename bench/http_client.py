@@ -138,13 +138,6 @@ class _Connection(asyncio.Protocol):
         finally:
             self._answer = None
 
-    async def connect_all(self) -> None:
-        """Open every connection of ``limit`` now (a run then starts with them all, as many clients
-        connected before it would), each one idle until a request takes it."""
-        conns = await asyncio.gather(*(self._acquire() for _ in range(self._limit - self._open)))
-        for conn in conns:
-            self._pass_on(conn)
-
     def close(self) -> None:
         self.closed = True
         if self._transport is not None:
