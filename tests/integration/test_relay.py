@@ -227,25 +227,33 @@ def quiet_pool(database_url: str) -> Iterator[SyncPool]:
 
 
 def _wait_for_no_older_snapshot(pool: SyncPool, xid: int, timeout: float = 60.0) -> None:
-    """Until no other session of this database holds a snapshot or a transaction from before ``xid``
-    (autovacuum's ANALYZE may, for a moment): only then may a scan mark the index entries of rows
-    ``xid`` updated as dead."""
+    """Until no session holds back what a scan may mark dead among the rows ``xid`` updated: no other
+    session of this database with a snapshot or a transaction from before ``xid`` (autovacuum's
+    ANALYZE may, for a moment), and no session of *any* database with a transaction id from before
+    it. A transaction still running anywhere is in every new snapshot's list of running ones, so it
+    holds back this session's own snapshot, and with it what its scan may treat as dead: one such
+    transaction in another database (another test's, on the other xdist worker) made CI fail with
+    (349, 352)."""
     deadline = time.monotonic() + timeout
     holders: list[dict[str, object]] = []
     while time.monotonic() < deadline:
         with pool.connection() as conn:
             holders = conn.execute(
-                """SELECT pid, backend_type, application_name, state, left(query, 120) AS query
+                """SELECT pid, datname, backend_type, application_name, state, left(query, 120) AS query
                    FROM pg_stat_activity
-                   WHERE pid <> pg_backend_pid() AND datname = current_database()
-                     AND (age(backend_xmin) >= age((%(xid)s %% 4294967296)::text::xid)
-                          OR age(backend_xid) >= age((%(xid)s %% 4294967296)::text::xid))""",
+                   WHERE pid <> pg_backend_pid()
+                     AND (age(backend_xid) >= age((%(xid)s %% 4294967296)::text::xid)
+                          OR (datname = current_database()
+                              AND age(backend_xmin) >= age((%(xid)s %% 4294967296)::text::xid)))""",
                 {"xid": xid},
             ).fetchall()
         if not holders:
             return
         time.sleep(0.2)
-    pytest.fail(f"sessions still hold snapshots from before the update after {timeout:.0f} s: {holders}")
+    pytest.fail(
+        f"sessions still hold snapshots or transactions from before the update after {timeout:.0f} s: "
+        f"{holders}"
+    )
 
 
 def _claim_blocks(pool: SyncPool, first_statement: str) -> int:
