@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 import services.acceptance.feed as feed_module
 from fix_db import MakeTenant, SyncPool
 from fix_events import CHANGE, change_state, new_job
+from fix_pipeline import wait_until
 from services.acceptance.feed import EventFeed, FeedItem, JobEvent, Snapshot, Subscription
 from services.acceptance.settings import EventSettings
 from services.common.db import async_pool
@@ -307,7 +308,9 @@ def test_a_stream_opening_during_a_read_made_for_no_one_still_gets_its_events(
                 for state in ("RUNNING", "RETRY_SCHEDULED", "RUNNING"):
                     await asyncio.to_thread(change_state, pool, tenant.id, job, state)
                 # And the feed's next read (with their numbers only) under way
-                await asyncio.to_thread(_wait_for_advisory_wait, pool, key)
+                await asyncio.to_thread(
+                    wait_until, lambda: _waits_for_advisory_lock(pool, key), 10.0, "the feed's read waiting"
+                )
                 # When a stream opens from before them, while that read is under way
                 subscription = await feed.subscribe(tenant.id, last_seq=cursor)
         # Then once the read ends, the stream gets all three
@@ -327,17 +330,12 @@ def _notify(pool: SyncPool) -> None:
         conn.execute("SELECT pg_notify('fatura_outbox', '')")
 
 
-def _wait_for_advisory_wait(pool: SyncPool, key: int, timeout: float = 10.0) -> None:
-    """Until a session waits for the advisory lock ``key``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with pool.connection() as conn:
-            row = conn.execute(
-                "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                " AND (classid::bigint << 32 | objid::bigint) = %s",
-                (key,),
-            ).fetchone()
-        if row is not None and row["n"]:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"no session waited for advisory lock {key} within {timeout}s")
+def _waits_for_advisory_lock(pool: SyncPool, key: int) -> bool:
+    """A session waits for the advisory lock ``key``."""
+    with pool.connection() as conn:
+        row = conn.execute(
+            "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            " AND (classid::bigint << 32 | objid::bigint) = %s",
+            (key,),
+        ).fetchone()
+    return row is not None and row["n"] > 0
